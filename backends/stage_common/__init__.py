@@ -1,0 +1,1 @@
+"""Code shared by every backend: Triton-free helpers plus the single Triton adapter (triton_io)."""

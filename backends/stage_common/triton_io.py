@@ -1,0 +1,81 @@
+"""The one adapter between Triton's Python backend and the project's Triton-free stage code."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from stage_common.errors import BadInput, decode_utf8
+
+
+def load_model_config(args: dict) -> dict:
+    return json.loads(args["model_config"])
+
+
+def version_dir(args: dict) -> Path:
+    """The model's version folder, where `make model` puts its artifacts."""
+    return Path(args["model_repository"]) / args["model_version"]
+
+
+def output_dtype(model_config: dict, name: str) -> np.dtype:
+    return pb_utils.triton_string_to_numpy(pb_utils.get_output_config_by_name(model_config, name)["data_type"])
+
+
+def input_array(request, name: str, optional: bool = False) -> np.ndarray | None:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        if optional:
+            return None
+        raise BadInput(f"missing input '{name}'")
+    return tensor.as_numpy()
+
+
+def text_rows(request, name: str) -> list[str]:
+    """A [batch, 1] TYPE_STRING input as one str per row; invalid UTF-8 is the client's error."""
+    array = input_array(request, name)
+    return [decode_utf8(v if isinstance(v, bytes) else str(v).encode(), f"'{name}' row {i}")
+            for i, v in enumerate(array.reshape(-1))]
+
+
+def string_tensor(name: str, values: Sequence[str], shape: tuple[int, ...]) -> "pb_utils.Tensor":
+    data = np.array([v.encode("utf-8") for v in values], dtype=np.object_).reshape(shape)
+    return pb_utils.Tensor(name, data)
+
+
+def error_response(exc: BaseException) -> "pb_utils.InferenceResponse":
+    if isinstance(exc, BadInput):
+        error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
+    else:
+        error = pb_utils.TritonError(f"internal error: {type(exc).__name__}: {exc}")
+    return pb_utils.InferenceResponse(output_tensors=[], error=error)
+
+
+def execute_batched(requests: Sequence[Any], parse: Callable[[Any], Any],
+                    compute: Callable[[list[Any]], list[Any]],
+                    respond: Callable[[Any, Any], list["pb_utils.Tensor"]]) -> list:
+    """Parse each request on its own (bad input fails only that request), compute once for all
+    good ones, and build one response per request, in order."""
+    responses: list = [None] * len(requests)
+    good: list[tuple[int, Any]] = []
+    for i, request in enumerate(requests):
+        try:
+            good.append((i, parse(request)))
+        except Exception as exc:  # noqa: BLE001 - every failure is reported to its own client
+            responses[i] = error_response(exc)
+    if good:
+        try:
+            results = compute([parsed for _, parsed in good])
+        except Exception as exc:  # noqa: BLE001
+            results = [exc] * len(good)
+        for (i, parsed), result in zip(good, results):
+            if isinstance(result, BaseException):
+                responses[i] = error_response(result)
+                continue
+            try:
+                responses[i] = pb_utils.InferenceResponse(output_tensors=respond(parsed, result))
+            except Exception as exc:  # noqa: BLE001
+                responses[i] = error_response(exc)
+    return responses

@@ -1,0 +1,30 @@
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+from stage_common.errors import BadInput  # noqa: E402
+from stage_common.torch_runtime import configure_torch  # noqa: E402
+from stage_common.triton_io import execute_batched, input_array, load_model_config, version_dir  # noqa: E402
+from transformer_encoder.encoder import TransformerEncoder  # noqa: E402
+
+
+def _parse(request):
+    ids, mask = input_array(request, "input_ids"), input_array(request, "attention_mask")
+    if ids.shape != mask.shape:
+        raise BadInput(f"input_ids {ids.shape} and attention_mask {mask.shape} differ in shape")
+    return ids, mask
+
+
+class TritonPythonModel:
+    """input_ids, attention_mask [-1] -> token_embeddings [-1, hidden] (the last hidden state)."""
+
+    def initialize(self, args):
+        device = configure_torch(args, load_model_config(args))
+        self.encoder = TransformerEncoder(version_dir(args), device)
+
+    def execute(self, requests):
+        return execute_batched(requests, parse=_parse, compute=self.encoder.encode_per_request,
+                               respond=lambda _inputs, hidden: [pb_utils.Tensor("token_embeddings", hidden)])

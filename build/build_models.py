@@ -1,0 +1,39 @@
+"""`make model`: build every pipeline's artifacts into model_repository/<model>/1/.
+
+MODEL_PROFILE=demo (default) works offline; MODEL_PROFILE=hub fetches the real weights.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from build.common import PROFILES  # noqa: E402
+
+PIPELINES = ["text_embedding"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--profile", default=os.environ.get("MODEL_PROFILE", "demo"), choices=PROFILES)
+    parser.add_argument("pipelines", nargs="*", default=PIPELINES, help=f"any of {PIPELINES}")
+    args = parser.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.profile == "demo":
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    start = time.monotonic()
+    for name in args.pipelines:
+        if name not in PIPELINES:
+            parser.error(f"unknown pipeline {name!r}; choose from {PIPELINES}")
+        importlib.import_module(f"build.{name}").build(args.profile)
+    print(f"make model: {len(args.pipelines)} pipeline(s), profile {args.profile}, {time.monotonic() - start:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""A stand-in for triton_python_backend_utils, enough to run every model.py without a server."""
+from __future__ import annotations
+
+import numpy as np
+
+_DTYPES = {
+    "TYPE_BOOL": np.bool_, "TYPE_UINT8": np.uint8, "TYPE_UINT64": np.uint64, "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64, "TYPE_FP16": np.float16, "TYPE_FP32": np.float32, "TYPE_FP64": np.float64,
+    "TYPE_STRING": np.object_,
+}
+
+
+class TritonError(Exception):
+    UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS, CANCELLED = range(8)
+
+    def __init__(self, message: str, code: int = INTERNAL):
+        super().__init__(message)
+        self._message, self._code = message, code
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+
+class Tensor:
+    def __init__(self, name: str, array: np.ndarray):
+        self._name, self._array = name, np.asarray(array)
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        return self._array
+
+
+class InferenceRequest:
+    """Test-side request: built from {name: array}; mirrors the server-side request API."""
+
+    def __init__(self, inputs: dict[str, np.ndarray] | None = None, **_):
+        self._inputs = {k: Tensor(k, v) for k, v in (inputs or {}).items()}
+        self.cancelled = False
+
+    def inputs(self) -> list[Tensor]:
+        return list(self._inputs.values())
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled
+
+
+class InferenceResponse:
+    def __init__(self, output_tensors=None, error: TritonError | None = None):
+        self._outputs, self._error = list(output_tensors or []), error
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._outputs
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def output(self, name: str) -> np.ndarray:
+        return next(t.as_numpy() for t in self._outputs if t.name() == name)
+
+
+def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
+    return request._inputs.get(name)
+
+
+def get_output_tensor_by_name(response: InferenceResponse, name: str) -> Tensor | None:
+    return next((t for t in response.output_tensors() if t.name() == name), None)
+
+
+def get_output_config_by_name(model_config: dict, name: str) -> dict | None:
+    return next((o for o in model_config.get("output", []) if o["name"] == name), None)
+
+
+def get_input_config_by_name(model_config: dict, name: str) -> dict | None:
+    return next((i for i in model_config.get("input", []) if i["name"] == name), None)
+
+
+def triton_string_to_numpy(type_string: str):
+    return _DTYPES[type_string]
+
+
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1

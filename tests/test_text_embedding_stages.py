@@ -1,0 +1,87 @@
+"""Unit tier: the text_embedding stages without a server, against sentence-transformers."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import fake_pb_utils as pb
+from mean_pooling.pooling import mean_pool_normalize
+from model_configs import MODEL_REPOSITORY, load_python_model
+from text_tokenizer.tokenization import TextTokenizer
+from transformer_encoder.encoder import pad_together
+
+TEXTS = ["A man is eating food.", "", "   padded   ", "Ünïcödé naïve café 東京 🙂", "word " * 400]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    from sentence_transformers import SentenceTransformer
+
+    torch.set_num_threads(1)
+    return SentenceTransformer(str(MODEL_REPOSITORY / "text_embedding_encoder" / "1"), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return TextTokenizer(MODEL_REPOSITORY / "text_embedding_tokenizer" / "1" / "tokenizer.json", 256)
+
+
+def test_tokenizer_matches_sentence_transformers(tokenizer, reference):
+    ids, mask = tokenizer.encode(TEXTS)
+    expected = reference.tokenize(TEXTS)
+    np.testing.assert_array_equal(ids, expected["input_ids"].numpy())
+    np.testing.assert_array_equal(mask, expected["attention_mask"].numpy())
+    assert ids.shape[1] == 256, "the long text is truncated to max_seq_length"
+
+
+def test_tokenizer_pads_each_request_on_its_own(tokenizer):
+    short, long = tokenizer.encode_per_request([["hi"], ["a much longer sentence than the first"]])
+    assert short[0].shape == (1, 3) and long[0].shape[1] > 3
+    assert short[1].sum() == 3
+
+
+def test_pad_together_right_pads_rows():
+    out = pad_together([np.array([[1, 2]]), np.array([[3], [4]])])
+    np.testing.assert_array_equal(out, [[1, 2], [3, 0], [4, 0]])
+
+
+def test_mean_pooling_ignores_padding_and_normalizes():
+    hidden = np.array([[[1.0, 0.0], [3.0, 4.0], [100.0, 100.0]]], dtype=np.float32)
+    out = mean_pool_normalize(hidden, np.array([[1, 1, 0]]))
+    np.testing.assert_allclose(out, [[2 / np.hypot(2, 2), 2 / np.hypot(2, 2)]], rtol=1e-6)
+
+
+def test_stages_in_process_equal_sentence_transformers(reference):
+    tok, enc, pool = (load_python_model(m) for m in
+                      ("text_embedding_tokenizer", "text_embedding_encoder", "text_embedding_pooling"))
+    rows = [[t.encode()] for t in TEXTS]
+    (tok_resp,) = tok.execute([pb.InferenceRequest({"text": np.array(rows, dtype=object)})])
+    ids, mask = tok_resp.output("input_ids"), tok_resp.output("attention_mask")
+    (enc_resp,) = enc.execute([pb.InferenceRequest({"input_ids": ids, "attention_mask": mask})])
+    (pool_resp,) = pool.execute([pb.InferenceRequest({"token_embeddings": enc_resp.output("token_embeddings"),
+                                                      "attention_mask": mask})])
+    expected = reference.encode(TEXTS, normalize_embeddings=True)
+    np.testing.assert_allclose(pool_resp.output("embedding"), expected, atol=1e-5)
+
+
+def test_tokenizer_model_fails_only_the_bad_request():
+    tok = load_python_model("text_embedding_tokenizer")
+    good = pb.InferenceRequest({"text": np.array([[b"fine"]], dtype=object)})
+    bad = pb.InferenceRequest({"text": np.array([[b"\xff\xfe bad"]], dtype=object)})
+    first, second, third = tok.execute([good, bad, good])
+    assert not first.has_error() and not third.has_error()
+    assert second.error().code() == pb.TritonError.INVALID_ARG
+    assert "not valid UTF-8" in second.error().message()
+
+
+def test_encoder_batches_requests_of_different_lengths(reference):
+    enc = load_python_model("text_embedding_encoder")
+    tokenizer = TextTokenizer(MODEL_REPOSITORY / "text_embedding_tokenizer" / "1" / "tokenizer.json", 256)
+    (a_ids, a_mask), (b_ids, b_mask) = tokenizer.encode_per_request([["short"], ["a clearly longer input text"]])
+    together = enc.execute([pb.InferenceRequest({"input_ids": a_ids, "attention_mask": a_mask}),
+                            pb.InferenceRequest({"input_ids": b_ids, "attention_mask": b_mask})])
+    alone = enc.execute([pb.InferenceRequest({"input_ids": a_ids, "attention_mask": a_mask})])
+    assert together[0].output("token_embeddings").shape == (1, a_ids.shape[1], 384)
+    np.testing.assert_allclose(together[0].output("token_embeddings"), alone[0].output("token_embeddings"),
+                               atol=1e-5)

@@ -1,0 +1,48 @@
+"""Fixtures for the live-server tier: one tritonserver per test session on free ports, models
+loaded on demand (explicit model control), always stopped."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools.triton_launcher import MODEL_REPOSITORY, TritonServer, free_port
+
+
+class LiveServer:
+    def __init__(self, server: TritonServer):
+        self.server = server
+        self.grpc_url, self.http_url = server.grpc_url, server.http_url
+        import tritonclient.grpc as grpcclient
+
+        self.client = grpcclient.InferenceServerClient(self.grpc_url)
+        self._loaded: set[str] = set()
+
+    def load(self, *models: str) -> None:
+        for model in models:
+            if model not in self._loaded:
+                self.client.load_model(model)  # an ensemble's composing models load with it
+                self._loaded.add(model)
+
+    def stats(self, model: str):
+        return self.client.get_inference_statistics(model).model_stats[0]
+
+    def log_tail(self, lines: int = 60) -> str:
+        text = self.server.log_file.read_text(errors="replace") if self.server.log_file else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@pytest.fixture(scope="session")
+def triton(tmp_path_factory) -> LiveServer:
+    log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
+    server = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                          explicit_models=[], log_file=log)
+    server.start(timeout=120)
+    try:
+        yield LiveServer(server)
+    finally:
+        server.stop()
+

@@ -1,0 +1,190 @@
+"""Starts the tritonserver binary shipped in the nvidia-pytriton wheel over this repository.
+
+Used by `make triton` (foreground, Ctrl-C / SIGTERM stop it cleanly) and by the test fixtures
+(free ports, always stopped). Environment set-up follows ../shared/FINDINGS.md.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL_REPOSITORY = ROOT / "model_repository"
+BACKENDS = ROOT / "backends"
+SHM_GLOB = "/dev/shm/triton_python_backend_shm_region_*"
+
+
+def tritonserver_binary() -> Path:
+    import pytriton
+
+    return Path(pytriton.__file__).parent / "tritonserver" / "bin" / "tritonserver"
+
+
+def server_env() -> dict[str, str]:
+    """LD_LIBRARY_PATH and PATH so the stub embeds this venv's interpreter and finds its packages."""
+    import pytriton
+
+    site = Path(pytriton.__file__).parent.parent
+    libs = [sysconfig.get_config_var("LIBDIR"), str(site / "nvidia_pytriton.libs")]
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = ":".join(libs + [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p])
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TritonServer:
+    def __init__(self, host="127.0.0.1", http_port=8000, grpc_port=8001, metrics_port=8002,
+                 model_repository=MODEL_REPOSITORY, explicit_models: list[str] | None = None,
+                 log_file: Path | None = None, extra_args: list[str] | None = None):
+        self.host, self.http_port, self.grpc_port, self.metrics_port = host, http_port, grpc_port, metrics_port
+        self.model_repository = Path(model_repository)
+        self.explicit_models = explicit_models
+        self.log_file = log_file
+        self.extra_args = extra_args or []
+        self.process: subprocess.Popen | None = None
+        self._shm_before: set[str] = set()
+
+    @property
+    def client_host(self) -> str:
+        return "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.client_host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.client_host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.client_host}:{self.metrics_port}/metrics"
+
+    def command(self) -> list[str]:
+        cmd = [
+            str(tritonserver_binary()),
+            f"--model-repository={self.model_repository}",
+            f"--backend-directory={BACKENDS}",
+            f"--http-address={self.host}", f"--http-port={self.http_port}",
+            f"--grpc-address={self.host}", f"--grpc-port={self.grpc_port}",
+            f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}",
+            "--log-verbose=0",
+        ]
+        if self.explicit_models is not None:
+            cmd.append("--model-control-mode=explicit")
+            cmd += [f"--load-model={m}" for m in self.explicit_models]
+        return cmd + self.extra_args
+
+    def start(self, timeout: float = 300.0) -> "TritonServer":
+        self._shm_before = set(glob.glob(SHM_GLOB))
+        out = open(self.log_file, "wb") if self.log_file else None
+        self.process = subprocess.Popen(self.command(), env=server_env(), stdout=out, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        try:
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"tritonserver exited with code {self.process.returncode}" + self._log_hint())
+            if self.is_ready():
+                return
+            time.sleep(0.25)
+        raise TimeoutError(f"tritonserver not ready after {timeout:.0f}s" + self._log_hint())
+
+    def _log_hint(self) -> str:
+        return f" (log: {self.log_file})" if self.log_file else ""
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGTERM the server, wait for its stubs to exit; kill the process group if it hangs."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        try:  # stubs share the server's session: make sure none outlives it
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for region in set(glob.glob(SHM_GLOB)) - self._shm_before:
+            Path(region).unlink(missing_ok=True)
+        self.process = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="Serve model_repository/ with Triton on this machine.")
+    parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+    parser.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
+    parser.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
+    parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
+    parser.add_argument("extra", nargs="*", help="extra tritonserver arguments (after --)")
+    args = parser.parse_args()
+    server = TritonServer(args.host, args.http_port, args.grpc_port, args.metrics_port, extra_args=args.extra)
+
+    signals_seen = 0
+
+    def on_signal(signum, _frame):
+        # Only forward the signal: the main thread is inside Popen.wait(), which must not be re-entered.
+        nonlocal signals_seen
+        signals_seen += 1
+        if server.process is None:
+            sys.exit(1)
+        if signals_seen == 1:
+            print(f"\ntriton: stopping (signal {signum})", flush=True)
+            server.process.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(server.process.pid, signal.SIGKILL)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    print("triton: starting " + " ".join(server.command()), flush=True)
+    server.start()
+    print(f"triton: ready\n  HTTP    http://{server.http_url}\n  gRPC    {server.grpc_url}\n"
+          f"  metrics {server.metrics_url}\n  Ctrl-C stops the server", flush=True)
+    code = server.process.wait()
+    server.stop()  # reaps stubs and /dev/shm regions left by a crash
+    return 0 if signals_seen else code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
