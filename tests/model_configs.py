@@ -7,21 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-from google.protobuf import json_format, text_format
-from tritonclient.grpc import model_config_pb2
+from google.protobuf import json_format
 
-ROOT = Path(__file__).resolve().parent.parent
-MODEL_REPOSITORY = ROOT / "model_repository"
-
-
-def parse_config(model: str) -> model_config_pb2.ModelConfig:
-    config = model_config_pb2.ModelConfig()
-    text_format.Parse((MODEL_REPOSITORY / model / "config.pbtxt").read_text(), config)
-    return config
-
-
-def all_models() -> list[str]:
-    return sorted(p.parent.name for p in MODEL_REPOSITORY.glob("*/config.pbtxt"))
+from tools.model_repo import MODEL_REPOSITORY, ROOT, all_models, parse_config  # noqa: F401 - re-exported
 
 
 def load_python_model(model: str, instance_kind: str = "CPU"):

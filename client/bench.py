@@ -1,0 +1,125 @@
+"""`make bench`: every pipeline's served throughput and latency next to its in-process limit, and
+the whole server's memory. Starts its own tritonserver on free ports unless --url is given.
+
+Each pipeline has client/bench_<pipeline>.py with `run(ctx)` and, if its models are not just
+`[<pipeline>]`, a `MODELS` list of the models to load.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "backends"), str(ROOT / "client")]
+
+from perf import LoadResult, format_report  # noqa: E402
+from tools.triton_launcher import TritonServer, free_port  # noqa: E402
+
+ORDER = ["text_embedding", "ner", "food_captioning", "codegen"]
+
+
+def available_benches() -> list[str]:
+    found = {p.stem.removeprefix("bench_") for p in Path(__file__).parent.glob("bench_*.py")}
+    return [n for n in ORDER if n in found] + sorted(found - set(ORDER))
+
+
+def process_tree(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo += children.get(p, [])
+    return tree
+
+
+def memory_mib(pid: int) -> tuple[float, float, int]:
+    """(RSS sum, PSS sum, process count) of the server and every stub it started."""
+    rss = pss = 0
+    pids = process_tree(pid)
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
+                key, value = line.split(":", 1) if ":" in line else (line, "")
+                if key == "Rss":
+                    rss += int(value.split()[0])
+                elif key == "Pss":
+                    pss += int(value.split()[0])
+        except OSError:
+            continue
+    return rss / 1024, pss / 1024, len(pids)
+
+
+@dataclass
+class BenchContext:
+    grpc_url: str
+    server_pid: int | None
+    window: float
+    warmup: float
+    quick: bool
+
+    def report(self, result: LoadResult, limit: float | None = None, unit: str = "infer/sec") -> None:
+        print(format_report(result))
+        if limit:
+            print(f"  Served/limit: {result.throughput:.1f} / {limit:.1f} {unit} = {result.throughput / limit:.2f}")
+        print(flush=True)
+
+    def print_memory(self, when: str) -> None:
+        if self.server_pid is None:
+            print(f"memory ({when}): not measured (server not started by this bench)\n")
+            return
+        rss, pss, count = memory_mib(self.server_pid)
+        print(f"memory ({when}): tritonserver + {count - 1} stub processes: RSS {rss:.0f} MiB, "
+              f"PSS {pss:.0f} MiB ({pss / 1024:.2f} GiB)\n", flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="*", choices=available_benches(), help="pipelines to run (default: all)")
+    parser.add_argument("--url", help="gRPC URL of a running server (default: start one here)")
+    parser.add_argument("--window", type=float, default=float(os.environ.get("BENCH_WINDOW", 8)))
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--quick", action="store_true", help="fewer levels and short windows (smoke run)")
+    args = parser.parse_args()
+    if args.quick:
+        args.window, args.warmup = min(args.window, 2.0), 0.5
+    names = args.only or available_benches()
+    modules = {name: importlib.import_module(f"bench_{name}") for name in names}
+    server = None
+    if args.url is None:
+        models = [m for name, module in modules.items() for m in getattr(module, "MODELS", [name])]
+        log = ROOT / "bench-results" / "tritonserver.log"
+        log.parent.mkdir(exist_ok=True)
+        server = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                              explicit_models=models, log_file=log)
+        print(f"bench: starting tritonserver with {', '.join(models)} (log: {log})", flush=True)
+        t0 = time.monotonic()
+        server.start(timeout=600)
+        print(f"bench: server ready in {time.monotonic() - t0:.1f}s\n", flush=True)
+    ctx = BenchContext(args.url or server.grpc_url, server.process.pid if server else None,
+                       args.window, args.warmup, args.quick)
+    try:
+        ctx.print_memory("models loaded, before load")
+        for name in names:
+            print(f"==================== {name} ====================", flush=True)
+            modules[name].run(ctx)
+            ctx.print_memory(f"after {name}")
+    finally:
+        if server:
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""The project's stand-in for perf_analyzer (no installable build exists here): closed-loop async gRPC
+load on any model at a range of concurrencies, client percentiles, and the server-side breakdown from
+the statistics API, printed in perf_analyzer's layout.
+
+    python client/perf.py -m text_embedding --concurrency 1,8,32 --text "a sentence"
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+
+InputsFactory = Callable[[], list]  # returns fresh grpcclient.InferInput objects for one request
+
+
+@dataclass
+class LoadResult:
+    model: str
+    concurrency: int
+    seconds: float
+    latencies: list[float] = field(default_factory=list)  # seconds, successful requests only
+    errors: int = 0
+    rows_per_request: int = 1
+    first_error: str = ""
+    server: dict[str, dict] = field(default_factory=dict)  # model -> breakdown (see server_breakdown)
+
+    @property
+    def throughput(self) -> float:
+        """Inferences (batch rows) per second, as perf_analyzer counts them."""
+        return len(self.latencies) * self.rows_per_request / self.seconds
+
+    def percentile(self, p: float) -> float:
+        return float(np.percentile(self.latencies, p)) if self.latencies else float("nan")
+
+
+def stats_snapshot(client: grpcclient.InferenceServerClient, models: list[str]) -> dict:
+    out = {}
+    for model in models:
+        s = client.get_inference_statistics(model).model_stats[0]
+        out[model] = {
+            "inference_count": s.inference_count, "execution_count": s.execution_count,
+            "success_count": s.inference_stats.success.count, "success_ns": s.inference_stats.success.ns,
+            "queue_ns": s.inference_stats.queue.ns, "compute_input_ns": s.inference_stats.compute_input.ns,
+            "compute_infer_ns": s.inference_stats.compute_infer.ns,
+            "compute_output_ns": s.inference_stats.compute_output.ns,
+        }
+    return out
+
+
+def server_breakdown(before: dict, after: dict) -> dict[str, dict]:
+    """Per model: counts in the window and average microseconds per request of each phase."""
+    out = {}
+    for model in after:
+        d = {k: after[model][k] - before[model][k] for k in after[model]}
+        n = max(d["success_count"], 1)
+        out[model] = {
+            "inference_count": d["inference_count"], "execution_count": d["execution_count"],
+            "requests": d["success_count"], "request_us": d["success_ns"] / n / 1e3,
+            "queue_us": d["queue_ns"] / n / 1e3, "compute_input_us": d["compute_input_ns"] / n / 1e3,
+            "compute_infer_us": d["compute_infer_ns"] / n / 1e3,
+            "compute_output_us": d["compute_output_ns"] / n / 1e3,
+            "compute_infer_total_us": d["compute_infer_ns"] / 1e3,
+        }
+    return out
+
+
+def composing_models(client: grpcclient.InferenceServerClient, model: str) -> list[str]:
+    config = client.get_model_config(model).config
+    return [step.model_name for step in config.ensemble_scheduling.step]
+
+
+async def _closed_loop(url: str, model: str, make_inputs: InputsFactory, concurrency: int,
+                       warmup: float, window: float, outputs: list[str] | None) -> tuple[list[float], int, str]:
+    client = grpcaio.InferenceServerClient(url)
+    requested = [grpcclient.InferRequestedOutput(o) for o in outputs] if outputs else None
+    latencies: list[float] = []
+    errors = 0
+    first_error = ""
+    start = time.perf_counter()
+    measure_from, measure_to = start + warmup, start + warmup + window
+
+    async def worker():
+        nonlocal errors, first_error
+        while True:
+            t0 = time.perf_counter()
+            if t0 >= measure_to:
+                return
+            try:
+                await client.infer(model, make_inputs(), outputs=requested)
+                ok = True
+            except Exception as e:  # noqa: BLE001 - counted and reported, the load goes on
+                ok, first_error = False, first_error or str(e)
+            t1 = time.perf_counter()
+            if measure_from <= t0 and t1 <= measure_to:
+                if ok:
+                    latencies.append(t1 - t0)
+                else:
+                    errors += 1
+
+    try:
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    finally:
+        await client.close()
+    return latencies, errors, first_error
+
+
+def run_load(url: str, model: str, make_inputs: InputsFactory, concurrency: int, window: float = 10.0,
+             warmup: float = 2.0, rows_per_request: int = 1, outputs: list[str] | None = None,
+             stats_models: list[str] | None = None) -> LoadResult:
+    """Closed loop: `concurrency` clients each send their next request as soon as the last returns.
+    Server statistics are snapshotted around the whole run (warm-up included, as a close bound)."""
+    sync = grpcclient.InferenceServerClient(url)
+    models = stats_models or [model] + composing_models(sync, model)
+    before = stats_snapshot(sync, models)
+    latencies, errors, first_error = asyncio.run(
+        _closed_loop(url, model, make_inputs, concurrency, warmup, window, outputs))
+    after = stats_snapshot(sync, models)
+    return LoadResult(model, concurrency, window, latencies, errors, rows_per_request, first_error,
+                      server_breakdown(before, after))
+
+
+def format_report(result: LoadResult) -> str:
+    us = 1e6
+    lines = [f"Request concurrency: {result.concurrency}", "  Client:",
+             f"    Request count: {len(result.latencies)}" + (f" (errors: {result.errors})" if result.errors else ""),
+             f"    Throughput: {result.throughput:.1f} infer/sec"]
+    if result.latencies:
+        lines += [f"    Avg latency: {statistics.fmean(result.latencies) * us:.0f} usec "
+                  f"(standard deviation {statistics.pstdev(result.latencies) * us:.0f} usec)"]
+        lines += [f"    p{p} latency: {result.percentile(p) * us:.0f} usec" for p in (50, 90, 95, 99)]
+    if result.first_error:
+        lines.append(f"    First error: {result.first_error[:200]}")
+    for i, (model, b) in enumerate(result.server.items()):
+        if i == 0:
+            lines.append("  Server:")
+            indent = "    "
+        else:
+            lines += ["  Composing models:"] if i == 1 else []
+            lines.append(f"    {model}:")
+            indent = "      "
+        lines += [f"{indent}Inference count: {b['inference_count']}",
+                  f"{indent}Execution count: {b['execution_count']}",
+                  f"{indent}Successful request count: {b['requests']}",
+                  f"{indent}Avg request latency: {b['request_us']:.0f} usec (queue {b['queue_us']:.0f} usec + "
+                  f"compute input {b['compute_input_us']:.0f} usec + compute infer {b['compute_infer_us']:.0f} "
+                  f"usec + compute output {b['compute_output_us']:.0f} usec)"]
+    return "\n".join(lines)
+
+
+def text_inputs_factory(texts: list[str], name: str = "text", rows: int = 1) -> InputsFactory:
+    """Cycles through `texts`, `rows` strings per request, as a [rows, 1] TYPE_STRING tensor."""
+    encoded = itertools.cycle([t.encode() for t in texts])
+
+    def make():
+        tensor = grpcclient.InferInput(name, [rows, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[next(encoded)] for _ in range(rows)], dtype=np.object_))
+        return [tensor]
+
+    return make
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-m", "--model", required=True)
+    parser.add_argument("-u", "--url", default=os.environ.get("TRITON_GRPC_URL", "localhost:8001"))
+    parser.add_argument("--concurrency", default="1,8,32", help="comma list or start:end:step")
+    parser.add_argument("--window", type=float, default=10.0, help="measurement window, seconds")
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--input-name", default="text")
+    parser.add_argument("--text", action="append", help="string input (repeat for several); default: a sentence")
+    parser.add_argument("--text-file", type=Path, help="one string input per line")
+    parser.add_argument("--batch", type=int, default=1, help="rows per request")
+    args = parser.parse_args()
+    if ":" in args.concurrency:
+        start, end, *step = (int(x) for x in args.concurrency.split(":"))
+        levels = list(range(start, end + 1, step[0] if step else 1))
+    else:
+        levels = [int(x) for x in args.concurrency.split(",")]
+    texts = args.text or (args.text_file.read_text().splitlines() if args.text_file else
+                          ["Triton serves every stage of this pipeline inside the server."])
+    print(f"*** Measurement Settings ***\n  Batch size: {args.batch}\n  Measurement window: "
+          f"{args.window * 1000:.0f} msec\n  Using asynchronous calls for inference (closed loop)\n")
+    summary = []
+    for c in levels:
+        result = run_load(args.url, args.model, text_inputs_factory(texts, args.input_name, args.batch), c,
+                          args.window, args.warmup, args.batch)
+        print(format_report(result) + "\n", flush=True)
+        summary.append(f"Concurrency: {c}, throughput: {result.throughput:.1f} infer/sec, "
+                       f"latency {result.percentile(50) * 1e6:.0f} usec (p50)")
+    print("Inferences/Second vs. Client p50 Batch Latency\n" + "\n".join(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
