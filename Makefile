@@ -34,4 +34,4 @@ triton-docker: model
 		-v $(CURDIR)/model_repository:/models $(TRITON_IMAGE)
 
 clean:
-	find model_repository -mindepth 2 -path '*/[0-9]*/*' ! -name .gitkeep -delete
+	find model_repository -mindepth 3 -maxdepth 3 -path '*/[0-9]*/*' ! -name .gitkeep -exec rm -rf {} +

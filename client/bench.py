@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "backends"), str(ROOT / "client")]
 
 from perf import LoadResult, format_report  # noqa: E402
-from tools.triton_launcher import TritonServer, free_port  # noqa: E402
+from tools.triton_launcher import TritonServer, free_port, process_tree  # noqa: E402
 
 ORDER = ["text_embedding", "ner", "food_captioning", "codegen"]
 
@@ -26,22 +26,6 @@ ORDER = ["text_embedding", "ner", "food_captioning", "codegen"]
 def available_benches() -> list[str]:
     found = {p.stem.removeprefix("bench_") for p in Path(__file__).parent.glob("bench_*.py")}
     return [n for n in ORDER if n in found] + sorted(found - set(ORDER))
-
-
-def process_tree(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    tree, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        tree.append(p)
-        todo += children.get(p, [])
-    return tree
 
 
 def memory_mib(pid: int) -> tuple[float, float, int]:

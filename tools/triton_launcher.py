@@ -50,6 +50,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def process_tree(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo += children.get(p, [])
+    return tree
+
+
 class TritonServer:
     def __init__(self, host="127.0.0.1", http_port=8000, grpc_port=8001, metrics_port=8002,
                  model_repository=MODEL_REPOSITORY, explicit_models: list[str] | None = None,

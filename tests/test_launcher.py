@@ -1,0 +1,51 @@
+"""`make triton`'s launcher: ready on the requested ports, and SIGTERM / Ctrl-C leave nothing behind."""
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tools.triton_launcher import ROOT, SHM_GLOB, free_port, process_tree
+
+pytestmark = pytest.mark.integration
+
+
+def alive(pid: int) -> bool:
+    try:
+        return "(Z)" not in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:4]
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_launcher_serves_then_stops_cleanly(sig, tmp_path):
+    ports = {"HTTP_PORT": free_port(), "GRPC_PORT": free_port(), "METRICS_PORT": free_port()}
+    env = dict(os.environ, **{k: str(v) for k, v in ports.items()})
+    shm_before = set(glob.glob(SHM_GLOB))
+    log = (tmp_path / "launcher.log").open("w+")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tools" / "triton_launcher.py"), "--",
+                             "--model-control-mode=explicit", "--load-model=text_embedding"],
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        while "triton: ready" not in (tmp_path / "launcher.log").read_text():
+            assert proc.poll() is None, (tmp_path / "launcher.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "launcher never became ready"
+            time.sleep(0.5)
+        output = (tmp_path / "launcher.log").read_text()
+        assert f"127.0.0.1:{ports['GRPC_PORT']}" in output and f"127.0.0.1:{ports['HTTP_PORT']}" in output
+        server_and_stubs = process_tree(proc.pid)[1:]
+        assert len(server_and_stubs) >= 4, "tritonserver and the three text_embedding stubs should be running"
+        proc.send_signal(sig)
+        assert proc.wait(timeout=90) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not [p for p in server_and_stubs if alive(p)], "server or stub processes outlived the launcher"
+    assert not (set(glob.glob(SHM_GLOB)) - shm_before), "shared-memory regions left in /dev/shm"
