@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from build.common import PROFILES  # noqa: E402
+from build.common import PROFILES, use_repository  # noqa: E402
 
 PIPELINES = ["text_embedding"]
 
@@ -21,11 +21,14 @@ PIPELINES = ["text_embedding"]
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--profile", default=os.environ.get("MODEL_PROFILE", "demo"), choices=PROFILES)
+    parser.add_argument("--repository", type=Path, help="build into this folder instead of model_repository/")
     parser.add_argument("pipelines", nargs="*", default=PIPELINES, help=f"any of {PIPELINES}")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args.profile == "demo":
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.repository:
+        use_repository(args.repository)
     start = time.monotonic()
     for name in args.pipelines:
         if name not in PIPELINES:

@@ -14,11 +14,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPOSITORY = ROOT / "model_repository"
 PROFILES = ("demo", "hub")
+_output = {"repository": MODEL_REPOSITORY}
+
+
+def use_repository(path: Path) -> None:
+    """Build into another folder laid out like model_repository/ (tests check reproducibility)."""
+    _output["repository"] = Path(path)
 
 
 def version_dir(model_name: str, version: int = 1, clean: bool = True) -> Path:
     """model_repository/<model>/<version>/, emptied first so no stale artifact survives."""
-    path = MODEL_REPOSITORY / model_name / str(version)
+    path = _output["repository"] / model_name / str(version)
     if clean and path.exists():
         shutil.rmtree(path)
     path.mkdir(parents=True, exist_ok=True)

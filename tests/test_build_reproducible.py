@@ -1,0 +1,23 @@
+"""`make model` is reproducible: a fresh build of every pipeline into another folder is
+byte-identical to the artifacts in model_repository/ (built by `make model` before the tests)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from build.build_models import PIPELINES
+from build.common import tree_digest
+from model_configs import MODEL_REPOSITORY, ROOT
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_rebuild_is_byte_identical(pipeline, tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "build" / "build_models.py"), "--profile", "demo",
+                           "--repository", str(tmp_path), pipeline], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    built = sorted(p.parent.name for p in tmp_path.glob("*/1"))
+    assert built, "the builder wrote nothing"
+    for model in built:
+        assert tree_digest(tmp_path / model / "1") == tree_digest(MODEL_REPOSITORY / model / "1"), model
