@@ -57,7 +57,8 @@ def execute_batched(requests: Sequence[Any], parse: Callable[[Any], Any],
                     compute: Callable[[list[Any]], list[Any]],
                     respond: Callable[[Any, Any], list["pb_utils.Tensor"]]) -> list:
     """Parse each request on its own (bad input fails only that request), compute once for all
-    good ones, and build one response per request, in order."""
+    good ones, and build one response per request, in order. `compute` returns one result per
+    parsed request; an exception in place of a result fails only that request."""
     responses: list = [None] * len(requests)
     good: list[tuple[int, Any]] = []
     for i, request in enumerate(requests):

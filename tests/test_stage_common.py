@@ -1,0 +1,57 @@
+"""The shared adapter: typed parameters and per-request error isolation."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fake_pb_utils as pb
+from stage_common.errors import BadInput, decode_utf8
+from stage_common.params import config_param
+from stage_common.triton_io import execute_batched, text_rows
+
+CONFIG = {"name": "m", "parameters": {"n": {"string_value": "7"}, "flag": {"string_value": "off"},
+                                      "x": {"string_value": "0.5"}, "bad": {"string_value": "seven"}}}
+
+
+def test_config_param_casts_and_defaults():
+    assert config_param(CONFIG, "n", int) == 7
+    assert config_param(CONFIG, "flag", bool) is False
+    assert config_param(CONFIG, "x", float) == 0.5
+    assert config_param(CONFIG, "missing", int, 3) == 3
+
+
+def test_config_param_errors_name_the_model_and_parameter():
+    with pytest.raises(ValueError, match="model 'm' needs parameter 'missing'"):
+        config_param(CONFIG, "missing", int)
+    with pytest.raises(ValueError, match="parameter 'bad'"):
+        config_param(CONFIG, "bad", int)
+
+
+def test_decode_utf8_reports_the_offending_byte():
+    assert decode_utf8("é".encode()) == "é"
+    with pytest.raises(BadInput, match=r"not valid UTF-8 \(byte 3"):
+        decode_utf8(b"caf\xe9")
+
+
+def test_execute_batched_isolates_parse_and_compute_failures():
+    def request(*texts):
+        return pb.InferenceRequest({"text": np.array([[t] for t in texts], dtype=object)})
+
+    def compute(batch):
+        return [ValueError("boom") if rows == ["explode"] else [r.upper() for r in rows] for rows in batch]
+
+    responses = execute_batched(
+        [request(b"a", b"b"), request(b"\xff"), request(b"explode"), request(b"c")],
+        parse=lambda r: text_rows(r, "text"), compute=compute,
+        respond=lambda _rows, out: [pb.Tensor("out", np.array(out, dtype=object))])
+    assert list(responses[0].output("out")) == ["A", "B"] and list(responses[3].output("out")) == ["C"]
+    assert responses[1].error().code() == pb.TritonError.INVALID_ARG
+    assert responses[2].error().code() == pb.TritonError.INTERNAL and "boom" in responses[2].error().message()
+
+
+def test_execute_batched_turns_a_crashing_batch_into_errors_not_a_crash():
+    def compute(_batch):
+        raise RuntimeError("out of memory")
+
+    responses = execute_batched([object(), object()], parse=lambda r: r, compute=compute, respond=None)
+    assert all("out of memory" in r.error().message() for r in responses)
