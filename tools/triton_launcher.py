@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPOSITORY = ROOT / "model_repository"
 BACKENDS = ROOT / "backends"
-SHM_GLOB = "/dev/shm/triton_python_backend_shm_region_*"
+SHM_GLOB = "/dev/shm/triton_*shm_region_*"  # python: triton_python_backend_..., Python-based: triton_<backend>_backend_...
 
 
 def tritonserver_binary() -> Path:

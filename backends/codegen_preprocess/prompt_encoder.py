@@ -1,0 +1,54 @@
+"""Prompt -> token ids with the generator's own BPE tokenizer (tokenizer.json, no torch), after the
+checks that let a bad request fail here with a clear message instead of inside the generator."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from gptj_generator.request_checks import check_lengths, check_sampling
+from stage_common.errors import BadInput
+
+
+@dataclass(frozen=True)
+class PromptRequest:
+    prompt: str
+    max_tokens: int
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def check(self) -> "PromptRequest":
+        if not self.prompt:
+            raise BadInput("text_input is empty: send a prompt to continue")
+        check_sampling(self.temperature, self.top_k, self.top_p)
+        return self
+
+
+def context_window(model_config_file: Path) -> int:
+    """The generator's context length, from its transformers config.json."""
+    config = json.loads(Path(model_config_file).read_text())
+    return int(config.get("n_positions") or config["max_position_embeddings"])
+
+
+class PromptEncoder:
+    def __init__(self, tokenizer_file: Path, context_window: int, max_tokens_limit: int):
+        self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        self.tokenizer.no_padding()
+        self.tokenizer.no_truncation()  # a too-long prompt is an error that names the limit
+        self.context_window, self.max_tokens_limit = context_window, max_tokens_limit
+
+    def encode(self, requests: list[PromptRequest]) -> list[np.ndarray | BadInput]:
+        """int32 ids per request, exactly as the transformers tokenizer gives them (and never
+        token_type_ids: GPT-J would embed them at every position), or the request's error."""
+        out: list[np.ndarray | BadInput] = []
+        for request, encoding in zip(requests, self.tokenizer.encode_batch([r.prompt for r in requests])):
+            try:
+                check_lengths(len(encoding.ids), request.max_tokens, self.context_window, self.max_tokens_limit)
+                out.append(np.asarray(encoding.ids, dtype=np.int32))
+            except BadInput as exc:
+                out.append(exc)
+        return out

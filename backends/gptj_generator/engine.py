@@ -1,0 +1,291 @@
+"""Iteration-level (continuous) batching for a transformers causal LM with a KV cache, no Triton.
+
+One background thread runs the decode loop. Each step feeds the last token of every running
+sequence in one forward pass over a shared, left-padded KV cache (explicit attention_mask and
+position_ids keep every row equal to its unpadded self). New requests are prefilled (those that
+arrived together in one padded pass) and join the batch at the next step; a finished or cancelled
+sequence leaves it at once, and the all-padding columns this leaves at the left are trimmed.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+import torch
+from transformers import DynamicCache
+
+from gptj_generator.request_checks import check_lengths
+from gptj_generator.sampling import SamplingParams, sample
+from gptj_generator.text_stream import TextStream
+
+
+class Sink(Protocol):
+    """Where one request's output goes (the Triton adapter wraps its response sender in one)."""
+
+    def send(self, token_ids: list[int]) -> None: ...  # raising = the client is gone
+    def finish(self, reason: str, token_ids: list[int]) -> None: ...  # last ids; eos, stop, length, cancelled
+    def fail(self, error: BaseException) -> None: ...
+    def cancelled(self) -> bool: ...
+
+
+@dataclass
+class GenerationRequest:
+    input_ids: Sequence[int]
+    max_tokens: int
+    sampling: SamplingParams = SamplingParams()
+    stop_words: Sequence[str] = ()
+    key: str | None = None  # lets another caller stop this request (see cancel)
+
+
+@dataclass(eq=False)
+class _Sequence:
+    request: GenerationRequest
+    sink: Sink
+    stream: TextStream
+    generator: torch.Generator | None
+    generated: list[int] = field(default_factory=list)
+    cached: int = 0  # real (non-padding) tokens in the KV cache; also the next position id
+
+    @property
+    def last_token(self) -> int:
+        return self.generated[-1]
+
+
+class GenerationEngine:
+    def __init__(self, model, token_bytes: Sequence[bytes], eos_token_id: int | None, max_batch_size: int,
+                 max_tokens_limit: int, device: torch.device | str = "cpu",
+                 on_progress: Callable[["GenerationEngine"], None] | None = None, cancel_poll_seconds: float = 0.1,
+                 prefill_token_budget: int = 2048):
+        self.model, self.token_bytes, self.eos = model, token_bytes, eos_token_id
+        self.on_progress = on_progress  # called after every loop turn (statistics)
+        # asking a sink whether its client left may cost a round trip to the server: not every step
+        self.cancel_poll_seconds, self._polled_at = cancel_poll_seconds, 0.0
+        self.max_batch_size, self.max_tokens_limit = max_batch_size, max_tokens_limit
+        self.prefill_token_budget = prefill_token_budget
+        self.context_window = model.config.n_positions
+        self.device = torch.device(device)
+        self._pending: deque[_Sequence] = deque()
+        self._wakeup = threading.Condition()
+        self._running: list[_Sequence] = []
+        self._cache: DynamicCache | None = None
+        self._mask: torch.Tensor | None = None  # [rows, cache length]: 1 = real token, 0 = left padding
+        self._stopping = False
+        self._cancelled_keys: set[str] = set()
+        self.steps = 0  # decode forward passes, for the statistics
+        self.rows_decoded = 0
+        self.busy_seconds = 0.0  # time spent prefilling, decoding and sampling
+        self._thread = threading.Thread(target=self._loop, name="gptj-decode-loop", daemon=True)
+        self._thread.start()
+
+    # ---- requests ---------------------------------------------------------------------------
+    def validate(self, request: GenerationRequest) -> None:
+        check_lengths(len(request.input_ids), request.max_tokens, self.context_window, self.max_tokens_limit)
+        request.sampling.validate()
+
+    def submit(self, request: GenerationRequest, sink: Sink) -> None:
+        """Queue a request (BadInput if it is unusable); it joins the running batch at the next step."""
+        self.validate(request)
+        seq = _Sequence(request, sink, TextStream(self.token_bytes, request.stop_words),
+                        request.sampling.new_generator())
+        with self._wakeup:
+            self._pending.append(seq)
+            self._wakeup.notify()
+
+    def cancel(self, key: str) -> None:
+        """Stop the request submitted with this key (if it is still running) before its next step."""
+        with self._wakeup:
+            self._cancelled_keys.add(key)
+            self._wakeup.notify()
+
+    @property
+    def active(self) -> int:
+        return len(self._running) + len(self._pending)
+
+    def close(self) -> None:
+        with self._wakeup:
+            self._stopping = True
+            self._wakeup.notify()
+        self._thread.join()
+
+    # ---- decode loop --------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._wakeup:
+                while not self._stopping and not self._running and not self._pending:
+                    self._cancelled_keys.clear()  # nothing left that they could name
+                    self._wakeup.wait()
+                if self._stopping:
+                    break
+                room = self.max_batch_size - len(self._running)
+                admitted = [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
+                keys, self._cancelled_keys = self._cancelled_keys, set()
+                if keys:  # waiting ones are dropped too (the filter below fails them)
+                    admitted += [seq for seq in self._pending if seq.request.key in keys]
+                    self._pending = deque(seq for seq in self._pending if seq.request.key not in keys)
+            started = time.perf_counter()
+            poll = started - self._polled_at >= self.cancel_poll_seconds
+            self._polled_at = started if poll else self._polled_at
+            try:
+                admitted = [seq for seq in admitted if not self._gone(seq, keys, poll)]
+                self._drop_cancelled(keys, poll)
+                for group in self._prefill_groups(admitted):
+                    self._prefill(group)
+                if self._running:
+                    self._decode_step()
+            except Exception as exc:  # noqa: BLE001 - fail the requests in flight, keep serving new ones
+                for seq in self._running + [s for s in admitted if s not in self._running]:
+                    seq.sink.fail(exc)
+                self._running, self._cache, self._mask = [], None, None
+            self.busy_seconds += time.perf_counter() - started
+            if self.on_progress is not None:
+                self.on_progress(self)
+        for seq in self._running + list(self._pending):
+            seq.sink.fail(RuntimeError("the generator is shutting down"))
+
+    def _prefill_groups(self, seqs: list[_Sequence]) -> list[list[_Sequence]]:
+        """Requests admitted together are prefilled together, up to a padded-token budget (the
+        attention scores of a prefill grow with rows x length^2)."""
+        groups: list[list[_Sequence]] = []
+        for seq in seqs:
+            group = groups[-1] if groups else None
+            width = max([len(seq.request.input_ids)] + [len(s.request.input_ids) for s in group or []])
+            if group is None or (len(group) + 1) * width > self.prefill_token_budget:
+                groups.append([seq])
+            else:
+                group.append(seq)
+        return groups
+
+    @torch.inference_mode()
+    def _prefill(self, seqs: list[_Sequence]) -> None:
+        """One left-padded forward over the prompts; the rows that go on join the running batch."""
+        width = max(len(s.request.input_ids) for s in seqs)
+        ids = torch.zeros(len(seqs), width, dtype=torch.long)
+        mask = torch.zeros(len(seqs), width, dtype=torch.long)
+        for row, seq in enumerate(seqs):
+            prompt = seq.request.input_ids
+            ids[row, width - len(prompt):] = torch.tensor(list(prompt), dtype=torch.long)
+            mask[row, width - len(prompt):] = 1
+            seq.cached = len(prompt)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                         use_cache=True)
+        keep = [row for row, seq in enumerate(seqs) if self._accept(seq, self._choose(seq, out.logits[row, -1]))]
+        if keep:
+            if len(keep) < len(seqs):
+                mask = self._select_rows(cache, mask, keep)
+            self._join([seqs[row] for row in keep], cache, mask)
+
+    @torch.inference_mode()
+    def _decode_step(self) -> None:
+        rows = self._running
+        ids = torch.tensor([[s.last_token] for s in rows], dtype=torch.long, device=self.device)
+        positions = torch.tensor([[s.cached] for s in rows], dtype=torch.long, device=self.device)
+        self._mask = torch.cat([self._mask, torch.ones_like(ids)], dim=1)
+        out = self.model(input_ids=ids, attention_mask=self._mask, position_ids=positions,
+                         past_key_values=self._cache, use_cache=True)
+        self.steps += 1
+        self.rows_decoded += len(rows)
+        logits = out.logits[:, -1]
+        greedy = logits.argmax(-1).tolist()
+        keep = []
+        for i, seq in enumerate(rows):
+            seq.cached += 1
+            token = greedy[i] if seq.generator is None else self._choose(seq, logits[i])
+            if self._accept(seq, token):
+                keep.append(i)
+        if len(keep) < len(rows):
+            self._keep_rows(keep)
+
+    @staticmethod
+    def _choose(seq: _Sequence, logits: torch.Tensor) -> int:
+        if seq.generator is None:
+            return int(logits.argmax())
+        return sample(logits, seq.request.sampling, seq.generator)
+
+    def _accept(self, seq: _Sequence, token: int) -> bool:
+        """Record the next token, release what can be streamed; False once the sequence is done."""
+        seq.generated.append(token)
+        try:
+            if token == self.eos:
+                return self._finish(seq, "eos")
+            released = seq.stream.push(token)
+            if released:
+                seq.sink.send(released)
+            if seq.stream.stopped:
+                return self._finish(seq, "stop")
+            if len(seq.generated) >= seq.request.max_tokens:
+                return self._finish(seq, "length")
+        except Exception as exc:  # noqa: BLE001 - a failed send means the client is gone: free its row
+            seq.sink.fail(exc)
+            return False
+        return True
+
+    def _finish(self, seq: _Sequence, reason: str) -> bool:
+        seq.sink.finish(reason, seq.stream.flush())
+        return False
+
+    # ---- the shared KV cache -------------------------------------------------------------------
+    def _join(self, seqs: list[_Sequence], cache: DynamicCache, mask: torch.Tensor) -> None:
+        """Append prefilled rows (left-padded like the batch) to the running batch."""
+        if self._cache is None:
+            self._cache, self._mask, self._running = cache, mask, list(seqs)
+            return
+        width, new = self._mask.shape[1], mask.shape[1]
+        if new > width:
+            self._left_pad(self._cache, new - width)
+            self._mask = torch.nn.functional.pad(self._mask, (new - width, 0))
+        elif width > new:
+            self._left_pad(cache, width - new)
+            mask = torch.nn.functional.pad(mask, (width - new, 0))
+        for layer, joining in zip(self._cache.layers, cache.layers):
+            layer.keys = torch.cat([layer.keys, joining.keys])
+            layer.values = torch.cat([layer.values, joining.values])
+        self._mask = torch.cat([self._mask, mask])
+        self._running += seqs
+
+    @staticmethod
+    def _left_pad(cache: DynamicCache, n: int) -> None:
+        for layer in cache.layers:
+            layer.keys = torch.nn.functional.pad(layer.keys, (0, 0, n, 0))
+            layer.values = torch.nn.functional.pad(layer.values, (0, 0, n, 0))
+
+    @staticmethod
+    def _select_rows(cache: DynamicCache, mask: torch.Tensor, keep: list[int]) -> torch.Tensor:
+        """Keep these rows of a cache (in place) and its mask, dropping the columns that are padding
+        in every row left; returns the new mask."""
+        index = torch.tensor(keep, dtype=torch.long, device=mask.device)
+        mask = mask.index_select(0, index)
+        start = int(mask.any(0).long().argmax())
+        for layer in cache.layers:
+            layer.keys = layer.keys.index_select(0, index)[:, :, start:]
+            layer.values = layer.values.index_select(0, index)[:, :, start:]
+        return mask[:, start:]
+
+    def _keep_rows(self, keep: list[int]) -> None:
+        self._running = [self._running[i] for i in keep]
+        if not keep:
+            self._cache, self._mask = None, None
+        else:
+            self._mask = self._select_rows(self._cache, self._mask, keep)
+
+    @staticmethod
+    def _gone(seq: _Sequence, cancelled_keys: set[str], poll: bool) -> bool:
+        if (seq.request.key is not None and seq.request.key in cancelled_keys) or (poll and seq.sink.cancelled()):
+            try:
+                seq.sink.finish("cancelled", [])  # an ordinary end: whoever stopped it reads the stream out
+            except Exception:  # noqa: BLE001 - the client is gone already; its row is freed all the same
+                pass
+            return True
+        return False
+
+    def _drop_cancelled(self, cancelled_keys: set[str], poll: bool) -> None:
+        if not cancelled_keys and not poll:
+            return
+        keep = [i for i, seq in enumerate(self._running) if not self._gone(seq, cancelled_keys, poll)]
+        if len(keep) < len(self._running):
+            self._keep_rows(keep)

@@ -1,0 +1,143 @@
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+from gptj_generator.engine import GenerationRequest  # noqa: E402
+from gptj_generator.loading import load_engine  # noqa: E402
+from gptj_generator.request_inputs import scalar_input, stop_words_input  # noqa: E402
+from gptj_generator.sampling import SamplingParams  # noqa: E402
+from stage_common.errors import BadInput  # noqa: E402
+from stage_common.params import config_param  # noqa: E402
+from stage_common.torch_runtime import configure_torch  # noqa: E402
+from stage_common.triton_io import error_response, input_array, load_model_config, version_dir  # noqa: E402
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def parse(request) -> tuple[GenerationRequest, bool]:
+    ids = input_array(request, "input_ids")
+    if ids.ndim != 2 or ids.shape[0] != 1:
+        raise BadInput(f"send one prompt per request (input_ids shape {list(ids.shape)})")
+    length = int(scalar_input(request, "input_lengths", required=True))
+    if not 0 <= length <= ids.shape[1]:
+        raise BadInput(f"input_lengths {length} does not fit input_ids of {ids.shape[1]} tokens")
+    sampling = SamplingParams(temperature=float(scalar_input(request, "temperature", 0.0)),
+                              top_k=int(scalar_input(request, "runtime_top_k", 0)),
+                              top_p=float(scalar_input(request, "runtime_top_p", 1.0)),
+                              seed=scalar_input(request, "random_seed"))
+    max_tokens = int(scalar_input(request, "request_output_len", required=True))
+    generation = GenerationRequest(ids[0, :length].tolist(), max_tokens, sampling, stop_words_input(request),
+                                   key=request.request_id() or None)
+    return generation, bool(scalar_input(request, "streaming", True))
+
+
+class ResponseSink:
+    """One request's response sender: a response per released chunk of ids when streaming, else one
+    response with all of them. The last response carries the final flag (each send is a round trip
+    to the server, so no separate empty one)."""
+
+    def __init__(self, request, sender, streaming: bool):
+        self.request, self.sender, self.streaming = request, sender, streaming
+        self.collected: list[int] = []
+
+    def _respond(self, ids: list[int], flags: int = 0) -> None:
+        self.sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("output_ids", np.array([ids], np.int32))]),
+                         flags=flags)
+
+    def send(self, token_ids: list[int]) -> None:
+        if self.streaming:
+            self._respond(token_ids)
+        else:
+            self.collected += token_ids
+
+    def finish(self, reason: str, token_ids: list[int]) -> None:
+        if self.streaming and not token_ids:
+            self.sender.send(flags=FINAL)
+        else:
+            self._respond(token_ids if self.streaming else self.collected + token_ids, FINAL)
+
+    def fail(self, error: BaseException) -> None:
+        try:
+            self.sender.send(error_response(error), flags=FINAL)
+        except Exception:  # noqa: BLE001 - the client is already gone
+            pass
+
+    def cancelled(self) -> bool:
+        return self.request.is_cancelled()
+
+
+class EngineMetrics:
+    """Custom /metrics entries: Triton's own counts see one execution per enqueue, not decode steps."""
+
+    def __init__(self, model_name: str):
+        labels = {"model": model_name}
+        self._families = [
+            pb_utils.MetricFamily("codegen_active_sequences", "sequences being decoded or waiting for a row",
+                                  pb_utils.MetricFamily.GAUGE),
+            pb_utils.MetricFamily("codegen_decode_steps", "batched decode forward passes",
+                                  pb_utils.MetricFamily.COUNTER),
+            pb_utils.MetricFamily("codegen_decode_rows", "sequence rows over all decode steps (rows/steps = "
+                                  "mean batch size)", pb_utils.MetricFamily.COUNTER),
+            pb_utils.MetricFamily("codegen_compute_duration_us", "time the decode loop spent prefilling, "
+                                  "decoding and sampling", pb_utils.MetricFamily.COUNTER),
+        ]
+        self.active, self.steps, self.rows, self.compute_us = (family.Metric(labels) for family in self._families)
+        self._seen = (0, 0, 0)
+        self._updated_at = 0.0
+
+    def update(self, engine) -> None:
+        """Each metric call is a round trip to the server: at most every 0.2 s, and when idle."""
+        now_s = time.monotonic()
+        if engine.active and now_s - self._updated_at < 0.2:
+            return
+        self._updated_at = now_s
+        self.active.set(engine.active)
+        now = (engine.steps, engine.rows_decoded, int(engine.busy_seconds * 1e6))
+        if now != self._seen:
+            for metric, value, seen in zip((self.steps, self.rows, self.compute_us), now, self._seen):
+                metric.increment(value - seen)
+            self._seen = now
+
+
+class TritonPythonModel:
+    """Decoupled: input_ids, input_lengths, request_output_len (+ optional sampling inputs, stop_words,
+    streaming) -> a stream of output_ids chunks, the last one flagged final. Requests only enqueue
+    here; the engine's decode loop batches them per step (continuous batching). stop=true with a
+    request_id stops that request."""
+
+    def initialize(self, args):
+        config = load_model_config(args)
+        device = configure_torch(args, config)
+        self.metrics = EngineMetrics(args["model_name"])
+        self.engine = load_engine(version_dir(args), config_param(config, "max_active_sequences", int, 16),
+                                  config_param(config, "max_tokens_limit", int, 512), device,
+                                  on_progress=self.metrics.update)
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                if scalar_input(request, "stop", False):
+                    self._stop(request, sender)
+                    continue
+                generation, streaming = parse(request)
+                self.engine.submit(generation, ResponseSink(request, sender, streaming))
+            except Exception as exc:  # noqa: BLE001 - each request fails on its own
+                sender.send(error_response(exc), flags=FINAL)
+        return None
+
+    def _stop(self, request, sender) -> None:
+        """A request with stop=true ends the running request that has the same request_id (a caller
+        that reaches this model through BLS or an ensemble cannot cancel it the Triton way in 2.51)."""
+        if not request.request_id():
+            raise BadInput("a stop request needs the request_id of the request to stop")
+        self.engine.cancel(request.request_id())
+        sender.send(flags=FINAL)
+
+    def finalize(self):
+        self.engine.close()

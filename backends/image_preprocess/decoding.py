@@ -1,0 +1,60 @@
+"""Encoded image bytes -> one RGB Pillow image: size checked from the header before any pixel is
+decoded, first frame only, EXIF orientation applied, every mode converted to 8-bit RGB."""
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from stage_common.errors import BadInput
+
+_SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+_ALPHA = ("RGBA", "LA", "PA", "RGBa", "La")
+
+
+def decode_image(data: bytes, max_pixels: int) -> Image.Image:
+    if not data:
+        raise BadInput("image is empty (zero bytes)")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))  # parses the header only
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise BadInput(f"image refused before decoding: {e}") from None
+    except UnidentifiedImageError:
+        raise BadInput(f"{len(data)} bytes that are not an image in any format Pillow reads "
+                       "(JPEG, PNG, WebP, BMP, GIF, TIFF, ...)") from None
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - Pillow's plugins raise many types for garbage input
+        raise BadInput(f"not a readable image ({len(data)} bytes): {e}") from None
+    width, height = image.size
+    if width * height > max_pixels:
+        raise BadInput(f"image is {width}x{height} = {width * height / 1e6:.1f} megapixels, over the "
+                       f"{max_pixels / 1e6:g} megapixel limit")
+    try:
+        image.load()  # the first frame of an animated image
+        image = ImageOps.exif_transpose(image)
+        return to_rgb(image)
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - truncated or corrupt pixel data
+        raise BadInput(f"cannot decode {image.format or 'image'} {width}x{height}: {e}") from None
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """8-bit RGB; transparent areas over white; 16-bit samples keep their high byte."""
+    if image.mode == "RGB":
+        return image
+    if image.mode in _SIXTEEN_BIT:
+        high_byte = (np.clip(np.asarray(image, dtype=np.int64), 0, 65535) >> 8).astype(np.uint8)
+        return Image.fromarray(high_byte, mode="L").convert("RGB")
+    if image.mode == "F":
+        return image.convert("L").convert("RGB")
+    if image.mode in _ALPHA or "transparency" in image.info:
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return image.convert("RGB")

@@ -1,0 +1,36 @@
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+from image_preprocess.preprocess import FoodImagePreprocessor  # noqa: E402
+from stage_common.errors import BadInput  # noqa: E402
+from stage_common.params import config_param  # noqa: E402
+from stage_common.triton_io import execute_batched, input_array, load_model_config, version_dir  # noqa: E402
+
+
+def _image_rows(request) -> list[bytes]:
+    rows = input_array(request, "image").reshape(-1)
+    if any(not isinstance(row, bytes) for row in rows):
+        raise BadInput("'image' must hold encoded image bytes")
+    return list(rows)
+
+
+class TritonPythonModel:
+    """image (TYPE_STRING [1], encoded bytes) -> classifier_pixel_values, captioner_pixel_values (FP32 [3, H, W])."""
+
+    def initialize(self, args):
+        config, folder = load_model_config(args), version_dir(args)
+        self.preprocess = FoodImagePreprocessor(
+            folder / config_param(config, "classifier_processor_file", str, "classifier_preprocessor_config.json"),
+            folder / config_param(config, "captioner_processor_file", str, "blip_preprocessor_config.json"),
+            config_param(config, "max_megapixels", float, 50.0))
+
+    def execute(self, requests):
+        # Decoding happens in parse: an undecodable image fails its own request only.
+        return execute_batched(
+            requests, parse=lambda request: self.preprocess(_image_rows(request)), compute=lambda batch: batch,
+            respond=lambda pixels, _same: [pb_utils.Tensor("classifier_pixel_values", pixels[0]),
+                                           pb_utils.Tensor("captioner_pixel_values", pixels[1])])

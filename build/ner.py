@@ -1,0 +1,191 @@
+"""Artifacts of the ner pipeline (flair ner-english-fast), all taken from one flair SequenceTagger:
+- ner_preprocess/1/char_lm.json: both char LMs' character dictionaries and text settings,
+- ner_tagger/1/: tagger weights (safetensors) + tagger_config.json, and the flair model itself
+  (ner-tagger.pt, which `SequenceTagger.load` reads: the tests compare against it),
+- ner_decoder/1/crf.json: tag names and the CRF transition matrix.
+"""
+from __future__ import annotations
+
+import json
+import string
+
+from build.common import Progress, seed_everything, version_dir, write_json
+
+HUB_ID = "flair/ner-english-fast"
+TAGGER_FILE = "ner-tagger.pt"
+SEED = 2  # of the seeds tried, the one that tags the client example ("George Washington went to ...") best
+ENTITY_TYPES = ("PER", "LOC", "ORG", "MISC")
+# ner-english-fast's architecture: news-forward/backward-fast char LMs (hidden 1024, embedding 100,
+# 1 layer), BiLSTM 256, CRF over BIOES tags.
+LM_HIDDEN, LM_EMBEDDING, TAGGER_HIDDEN = 1024, 100, 256
+CHAR_EMBEDDING_SCALE, CHAR_LSTM_SCALE, EMISSION_SCALE, O_BIAS = 10.0, 6.0, 60.0, 2.0
+
+
+def character_dictionary():
+    """The char LMs' dictionary, by hand (Dictionary.load('chars') downloads): <unk>, printable ASCII,
+    Latin-1, and some common typographic characters."""
+    from flair.data import Dictionary
+
+    chars = Dictionary(add_unk=True)
+    extra = "\u2013\u2014\u2018\u2019\u201c\u201d\u2026\u20ac"
+    for ch in string.printable + "".join(chr(c) for c in range(0xA0, 0x100)) + extra:
+        chars.add_item(ch)
+    return chars
+
+
+def bias_for_entities(tagger) -> None:
+    """Random weights alone tag nearly every token the same way. Make a usable demo, deterministically:
+    scale the emission weights up so tags vary from token to token, lean the bias towards O, and give the
+    CRF the BIOES grammar (allowed transitions +2, forbidden -4), so ordinary sentences get a few spans of
+    several types, as a trained model would."""
+    import torch
+
+    tags = tagger.label_dictionary.get_items()
+    with torch.no_grad():
+        tagger.linear.weight.mul_(EMISSION_SCALE)
+        tagger.linear.bias.zero_()
+        tagger.linear.bias[tags.index("O")] = O_BIAS
+        trans = tagger.crf.transitions  # transitions[to, from]
+        for to, to_tag in enumerate(tags):
+            for frm, from_tag in enumerate(tags):
+                if to_tag in ("<START>",) or from_tag == "<STOP>":
+                    continue  # kept at -10000 by flair's CRF
+                trans[to, frm] = 2.0 if bioes_allowed(from_tag, to_tag) else -4.0
+
+
+def bioes_allowed(from_tag: str, to_tag: str) -> bool:
+    inside = lambda t: t[:2] in ("I-", "E-")  # noqa: E731
+    opened = from_tag[:2] in ("B-", "I-")
+    if opened:
+        return inside(to_tag) and to_tag[2:] == from_tag[2:]
+    return not inside(to_tag)
+
+
+def demo_tagger():
+    import torch
+    from flair.data import Dictionary
+    from flair.embeddings import FlairEmbeddings, StackedEmbeddings
+    from flair.models import LanguageModel, SequenceTagger
+
+    seed_everything(SEED)
+    chars = character_dictionary()
+    lms = [LanguageModel(chars, is_forward_lm=forward, hidden_size=LM_HIDDEN, nlayers=1,
+                         embedding_size=LM_EMBEDDING, has_decoder=False) for forward in (True, False)]
+    for lm in lms:  # default inits (embeddings +-0.1, LSTM +-1/32) give near-constant states: widen them
+        with torch.no_grad():
+            lm.encoder.weight.mul_(CHAR_EMBEDDING_SCALE)
+            for name, p in lm.rnn.named_parameters():
+                if name.startswith("weight"):
+                    p.mul_(CHAR_LSTM_SCALE)
+    embeddings = StackedEmbeddings([FlairEmbeddings(lm) for lm in lms])
+    labels = Dictionary(add_unk=False)
+    for label in ENTITY_TYPES:
+        labels.add_item(label)
+    labels.span_labels = True
+    tagger = SequenceTagger(embeddings, labels, tag_type="ner", hidden_size=TAGGER_HIDDEN, use_crf=True,
+                            tag_format="BIOES")
+    bias_for_entities(tagger)
+    return tagger.eval()
+
+
+def load_tagger(profile: str, dest):
+    """The tagger saved in flair's format at dest/ner-tagger.pt, reloaded through flair's own loader."""
+    from flair.models import SequenceTagger
+
+    if profile == "hub":
+        SequenceTagger.load(HUB_ID).save(dest / TAGGER_FILE)
+    else:
+        demo_tagger().save(dest / TAGGER_FILE)
+    return SequenceTagger.load(dest / TAGGER_FILE).eval()
+
+
+def flair_embeddings(tagger) -> list:
+    """The char-LM embeddings in the order flair concatenates them: sorted by embedding name
+    (Token.get_each_embedding), not by position in the stack."""
+    from flair.embeddings import FlairEmbeddings, StackedEmbeddings
+
+    stack = tagger.embeddings.embeddings if isinstance(tagger.embeddings, StackedEmbeddings) else [tagger.embeddings]
+    if len(stack) != 2 or not all(isinstance(e, FlairEmbeddings) for e in stack) or \
+            sorted(e.lm.is_forward_lm for e in stack) != [False, True]:
+        raise SystemExit(f"expected one forward and one backward FlairEmbeddings, got {stack}")
+    return sorted(stack, key=lambda e: e.name)
+
+
+def lm_direction(embedding) -> str:
+    return "forward" if embedding.lm.is_forward_lm else "backward"
+
+
+def char_lm_settings(embedding) -> dict:
+    lm = embedding.lm
+    items = {item.decode("utf-8"): idx for item, idx in lm.dictionary.item2idx.items()}
+    return {
+        "chars": items,
+        # FlairEmbeddings._add_embeddings_internal: markers around the text, where embeddings are read
+        "start_marker": lm.__dict__.get("document_delimiter", "\n"),
+        "end_marker": " ",
+        "padding_char": " ",
+        "is_lower": bool(getattr(embedding, "is_lower", False)),
+        "tokenized_lm": bool(getattr(embedding, "tokenized_lm", True)),
+        "with_whitespace": bool(getattr(embedding, "with_whitespace", True)),
+    }
+
+
+def tagger_weights(tagger, embeddings) -> tuple[dict, dict]:
+    import torch
+
+    if tagger.rnn_type != "LSTM" or not tagger.use_rnn or not tagger.use_crf:
+        raise SystemExit(f"expected a BiLSTM-CRF tagger, got rnn={tagger.rnn_type} crf={tagger.use_crf}")
+    if getattr(tagger, "train_initial_hidden_state", False):
+        raise SystemExit("a trained initial hidden state is not supported")
+    weights: dict[str, torch.Tensor] = {}
+    lm_configs = []
+    for embedding in embeddings:
+        lm, direction = embedding.lm, lm_direction(embedding)
+        recurrent_type = getattr(lm, "recurrent_type", "LSTM")  # absent from older pickled LMs
+        if recurrent_type.upper() != "LSTM":
+            raise SystemExit(f"char LM {direction}: expected LSTM, got {recurrent_type}")
+        for name, tensor in lm.state_dict().items():
+            if name.startswith(("encoder.", "rnn.", "proj.")):
+                weights[f"char_lm_{direction}.{name}"] = tensor
+        lm_configs.append({"direction": direction, "vocab_size": len(lm.dictionary), "hidden_size": lm.hidden_size,
+                           "nlayers": lm.nlayers, "embedding_size": lm.embedding_size,
+                           "nout": getattr(lm, "nout", None)})
+    for name, tensor in tagger.state_dict().items():
+        if name.startswith(("embedding2nn.", "rnn.", "linear.")):
+            weights[name] = tensor
+    config = {
+        "char_lms": lm_configs,  # in concatenation order
+        "reproject_embeddings": bool(tagger.reproject_embeddings),
+        "hidden_size": tagger.hidden_size, "rnn_layers": tagger.rnn_layers,
+        "bidirectional": bool(tagger.bidirectional), "num_tags": len(tagger.label_dictionary),
+    }
+    return {k: v.detach().float().contiguous().clone() for k, v in sorted(weights.items())}, config
+
+
+def crf_artifact(tagger) -> dict:
+    tags = tagger.label_dictionary.get_items()
+    return {
+        "tags": tags, "start_tag": tags.index("<START>"), "stop_tag": tags.index("<STOP>"),
+        # transitions[to, from], float32 values (exact through JSON's float64)
+        "transitions": tagger.crf.transitions.detach().float().tolist(),
+    }
+
+
+def build(profile: str) -> None:
+    from safetensors.torch import save_file
+
+    progress = Progress("ner", 4)
+    source = f"load {HUB_ID}" if profile == "hub" else "build the demo tagger"
+    with progress.step(f"{source} -> ner_tagger/1/{TAGGER_FILE}"):
+        tagger_dir = version_dir("ner_tagger")
+        tagger = load_tagger(profile, tagger_dir)
+        embeddings = flair_embeddings(tagger)
+    with progress.step("character dictionaries -> ner_preprocess/1/char_lm.json"):
+        write_json(version_dir("ner_preprocess") / "char_lm.json",
+                   {lm_direction(e): char_lm_settings(e) for e in embeddings})
+    with progress.step("tagger weights -> ner_tagger/1/tagger.safetensors"):
+        weights, config = tagger_weights(tagger, embeddings)
+        save_file(weights, str(tagger_dir / "tagger.safetensors"))
+        write_json(tagger_dir / "tagger_config.json", config)
+    with progress.step("CRF transitions -> ner_decoder/1/crf.json"):
+        (version_dir("ner_decoder") / "crf.json").write_text(json.dumps(crf_artifact(tagger)) + "\n")

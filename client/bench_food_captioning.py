@@ -1,0 +1,91 @@
+"""food_captioning: served images/s at concurrency 1, 8, 16 vs the same stage code in-process."""
+from __future__ import annotations
+
+import io
+import itertools
+import time
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+from perf import run_load
+from tools.model_repo import MODEL_REPOSITORY, parameter
+
+MODELS = ["food_captioning"]
+
+
+def photos(n: int = 32, seed: int = 0) -> list[bytes]:
+    """JPEGs of web-photo sizes (320 to 1024 px a side), smooth colour fields with noise, identical every run."""
+    from PIL import Image, ImageDraw
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        width, height = (int(v) for v in rng.integers(320, 1025, 2))
+        y, x = np.mgrid[0:height, 0:width]
+        tint = rng.integers(0, 256, 3)
+        pixels = np.stack([(x * 255 // width + tint[0]) % 256, (y * 255 // height + tint[1]) % 256,
+                           np.full_like(x, tint[2])], axis=-1) + rng.integers(-15, 16, (height, width, 3))
+        image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), "RGB")
+        box = sorted(int(v) for v in rng.integers(0, width, 2)) + sorted(int(v) for v in rng.integers(0, height, 2))
+        colour = tuple(int(v) for v in rng.integers(0, 256, 3))
+        ImageDraw.Draw(image).ellipse((box[0], box[2], box[1], box[3]), fill=colour)
+        buffer = io.BytesIO()
+        image.save(buffer, format="JPEG", quality=88)
+        out.append(buffer.getvalue())
+    return out
+
+
+def image_inputs_factory(images: list[bytes]):
+    cycle = itertools.cycle(images)
+
+    def make():
+        tensor = grpcclient.InferInput("image", [1, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[next(cycle)]], dtype=np.object_))
+        return [tensor]
+
+    return make
+
+
+def in_process_limit(images: list[bytes], seconds: float, batches=(1, 4, 8, 16)) -> tuple[float, int]:
+    """Best images/s of preprocess -> classifier -> captioner called directly, over batch sizes up to
+    the highest concurrency served (16 clients never put more than 16 images in one batch)."""
+    import torch
+    from blip_captioner.captioner import BlipCaptioner
+    from image_classifier.classifier import ImageClassifier
+    from image_preprocess.preprocess import FoodImagePreprocessor
+
+    torch.set_num_threads(int(parameter("food_captioning_captioner", "torch_threads", "1")))
+    folder = MODEL_REPOSITORY / "food_captioning_preprocess" / "1"
+    preprocess = FoodImagePreprocessor(folder / "classifier_preprocessor_config.json",
+                                       folder / "blip_preprocessor_config.json",
+                                       float(parameter("food_captioning_preprocess", "max_megapixels")))
+    classifier = ImageClassifier(MODEL_REPOSITORY / "food_captioning_classifier" / "1", torch.device("cpu"))
+    captioner = BlipCaptioner(MODEL_REPOSITORY / "food_captioning_captioner" / "1", torch.device("cpu"),
+                              parameter("food_captioning_captioner", "prompt_template"),
+                              int(parameter("food_captioning_captioner", "max_new_tokens")),
+                              int(parameter("food_captioning_captioner", "num_beams")))
+    best = (0.0, 0)
+    for batch in batches:
+        done, start, i = 0, time.perf_counter(), 0
+        while time.perf_counter() - start < seconds:
+            chunk = [images[(i + k) % len(images)] for k in range(batch)]
+            i += batch
+            classifier_pixels, blip_pixels = preprocess(chunk)
+            labels, _scores = classifier.top1(classifier_pixels)
+            captioner.caption(list(blip_pixels), labels)
+            done += batch
+        rate = done / (time.perf_counter() - start)
+        print(f"  limit, in-process batch {batch}: {rate:.1f} images/sec")
+        best = max(best, (rate, batch))
+    return best
+
+
+def run(ctx) -> None:
+    images = photos()
+    limit, batch = in_process_limit(images, max(ctx.window / 2, 1.0))
+    print(f"Limit: {limit:.1f} images/sec (in-process, batch {batch})\n")
+    for concurrency in ((1, 16) if ctx.quick else (1, 8, 16)):
+        result = run_load(ctx.grpc_url, "food_captioning", image_inputs_factory(images), concurrency,
+                          ctx.window, ctx.warmup)
+        ctx.report(result, limit, "images/sec")

@@ -1,0 +1,65 @@
+"""ner: served sentences/s at concurrency 1, 8, 32, 64 vs flair's own SequenceTagger.predict in-process
+(mini_batch_size=64) on the same sentences and the same saved model."""
+from __future__ import annotations
+
+import random
+import time
+
+from perf import run_load, text_inputs_factory
+from tools.model_repo import MODEL_REPOSITORY, parameter
+
+PEOPLE = ["George Washington", "Angela Merkel", "Barack Obama", "Marie Curie", "Kofi Annan", "Zoë Saldaña"]
+PLACES = ["Washington", "Berlin", "Paris", "New York", "Tokyo", "Zürich", "the United Kingdom", "Lagos"]
+ORGS = ["the United Nations", "Microsoft", "Siemens AG", "the European Union", "NASA", "Real Madrid"]
+TEMPLATES = [
+    "{p} went to {l} last {d}.", "{o} opened a new office in {l}.", "{p} met {q} at the {o} summit in {l}.",
+    "According to {o}, {p} will visit {l} and {m} on {d}.", "In {l}, {p} said that {o} had agreed.",
+    "{p} and {q} worked for {o} before moving from {l} to {m} in the spring of that year.",
+]
+DAYS = ["Monday", "Tuesday", "week", "year", "Friday"]
+
+
+def corpus(n: int = 512, seed: int = 0) -> list[str]:
+    """News-like sentences of 5 to 30 words, identical on every run."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        sentences = [rng.choice(TEMPLATES).format(p=rng.choice(PEOPLE), q=rng.choice(PEOPLE), l=rng.choice(PLACES),
+                                                  m=rng.choice(PLACES), o=rng.choice(ORGS), d=rng.choice(DAYS))
+                     for _ in range(rng.choice((1, 1, 1, 2)))]
+        out.append(" ".join(sentences))
+    return out
+
+
+def in_process_limit(texts: list[str], seconds: float) -> float:
+    """flair's Sentence(text) + SequenceTagger.predict(mini_batch_size=64), sentences/s."""
+    import torch
+    from flair.data import Sentence
+    from flair.models import SequenceTagger
+
+    torch.set_num_threads(int(parameter("ner_tagger", "torch_threads", "1")))
+    tagger = SequenceTagger.load(MODEL_REPOSITORY / "ner_tagger" / "1" / "ner-tagger.pt").eval()
+    tagger.predict([Sentence(t) for t in texts[:64]], mini_batch_size=64)  # warm-up
+    done, start, i = 0, time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        chunk = [texts[(i + k) % len(texts)] for k in range(256)]
+        i += len(chunk)
+        tagger.predict([Sentence(t) for t in chunk], mini_batch_size=64)
+        done += len(chunk)
+    return done / (time.perf_counter() - start)
+
+
+# Two char LMs of hidden 1024 run one step per character: a batch of 32 sentences takes seconds on a
+# 2-core CPU, so a few-second window would hold only a handful of batches.
+MIN_WINDOW, MIN_WARMUP = 30.0, 10.0
+
+
+def run(ctx) -> None:
+    texts = corpus()
+    window = ctx.window if ctx.quick else max(ctx.window, MIN_WINDOW)
+    warmup = ctx.warmup if ctx.quick else max(ctx.warmup, MIN_WARMUP)
+    limit = in_process_limit(texts, window)
+    print(f"Limit: {limit:.1f} sentences/sec (flair predict in-process, mini_batch_size 64)\n")
+    for concurrency in ((1, 32) if ctx.quick else (1, 8, 32, 64)):
+        result = run_load(ctx.grpc_url, "ner", text_inputs_factory(texts), concurrency, window, warmup)
+        ctx.report(result, limit, "sentences/sec")

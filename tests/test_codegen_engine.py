@@ -1,0 +1,345 @@
+"""The codegen stages without a server: the continuous-batching engine against transformers'
+generate, sampling, stop words, UTF-8 hold-back, cancellation, and the tokenizer stages' checks."""
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+import fake_pb_utils
+from codegen_postprocess.detokenizer import Detokenizer, cut_at_stop_words
+from codegen_preprocess.prompt_encoder import PromptEncoder, PromptRequest
+from gptj_generator.engine import GenerationEngine, GenerationRequest
+from gptj_generator.loading import load_engine
+from gptj_generator.sampling import SamplingParams
+from gptj_generator.text_stream import TextStream
+from model_configs import MODEL_REPOSITORY, load_python_model
+from stage_common.errors import BadInput
+
+GENERATOR_DIR = MODEL_REPOSITORY / "codegen_generator" / "1"
+PROMPTS = ["def fibonacci(n):", "import os\n", "x",
+           "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
+           "for i in range(10):\n    print(i)  # a longer prompt than the others, to force left padding"]
+WAIT = 120
+
+
+class Collector:
+    """An engine sink that records what a client would receive; can cancel or break mid-way."""
+
+    def __init__(self, cancel_after: int | None = None, fail_send_after: int | None = None):
+        self.chunks: list[list[int]] = []
+        self.reason = self.error = None
+        self.done = threading.Event()
+        self.progress = threading.Condition()
+        self.cancel_after, self.fail_send_after = cancel_after, fail_send_after
+
+    @property
+    def ids(self) -> list[int]:
+        return [i for chunk in self.chunks for i in chunk]
+
+    def send(self, token_ids):
+        if self.fail_send_after is not None and len(self.ids) >= self.fail_send_after:
+            raise ConnectionError("client went away")
+        with self.progress:
+            self.chunks.append(list(token_ids))
+            self.progress.notify_all()
+
+    def finish(self, reason, token_ids):
+        if token_ids:
+            self.send(token_ids)
+        self.reason = reason
+        self.done.set()
+
+    def fail(self, error):
+        self.error = error
+        self.done.set()
+
+    def cancelled(self):
+        return self.cancel_after is not None and len(self.ids) >= self.cancel_after
+
+    def wait_tokens(self, n: int) -> None:
+        with self.progress:
+            assert self.progress.wait_for(lambda: len(self.ids) >= n or self.done.is_set(), WAIT)
+
+    def wait(self) -> "Collector":
+        assert self.done.wait(WAIT), "generation did not finish"
+        return self
+
+
+@pytest.fixture(scope="module")
+def engine():
+    torch.set_num_threads(1)
+    engine = load_engine(GENERATOR_DIR, max_batch_size=8, max_tokens_limit=512)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(str(GENERATOR_DIR))
+
+
+def reference(engine, tokenizer, prompt: str, max_tokens: int) -> list[int]:
+    """transformers' own greedy generation for one unpadded prompt; the EOS is never streamed."""
+    encoded = tokenizer(prompt, return_tensors="pt")
+    assert set(encoded) == {"input_ids", "attention_mask"}, "GPT-J must never get token_type_ids"
+    with torch.inference_mode():
+        out = engine.model.generate(**encoded, max_new_tokens=max_tokens, do_sample=False)
+    ids = out[0, encoded["input_ids"].shape[1]:].tolist()
+    return ids[:-1] if ids and ids[-1] == engine.eos else ids
+
+
+def ids_of(tokenizer, prompt: str) -> list[int]:
+    return tokenizer(prompt)["input_ids"]
+
+
+def test_greedy_equals_generate_for_prompts_joining_at_different_steps(engine, tokenizer):
+    lengths = [48, 40, 32, 24, 16]
+    expected = [reference(engine, tokenizer, p, n) for p, n in zip(PROMPTS, lengths)]
+    sinks = []
+    for prompt, n in zip(PROMPTS, lengths):
+        if sinks:
+            sinks[-1].wait_tokens(5)  # the previous one is mid-generation: this one joins a running batch
+        sinks.append(Collector())
+        engine.submit(GenerationRequest(ids_of(tokenizer, prompt), n), sinks[-1])
+    for sink, want, prompt in zip(sinks, expected, PROMPTS):
+        assert sink.wait().ids == want, prompt
+        assert sink.reason in ("length", "eos")
+    # the reverse arrival order (short prompts first) gives the same tokens too
+    reverse = []
+    for prompt, n in zip(PROMPTS[::-1], lengths):
+        if reverse:
+            reverse[-1].wait_tokens(3)
+        reverse.append(Collector())
+        engine.submit(GenerationRequest(ids_of(tokenizer, prompt), n), reverse[-1])
+    for sink, prompt, n in zip(reverse, PROMPTS[::-1], lengths):
+        assert sink.wait().ids == reference(engine, tokenizer, prompt, n), prompt
+
+
+def test_greedy_equals_generate_for_prompts_prefilled_together(engine, tokenizer):
+    """Requests that arrive together share one left-padded prefill pass."""
+    sinks = [Collector() for _ in PROMPTS]
+    for prompt, sink in zip(PROMPTS, sinks):
+        engine.submit(GenerationRequest(ids_of(tokenizer, prompt), 24), sink)
+    for prompt, sink in zip(PROMPTS, sinks):
+        assert sink.wait().ids == reference(engine, tokenizer, prompt, 24), prompt
+
+
+def test_seeded_sampling_is_reproducible_and_depends_on_the_seed(engine, tokenizer):
+    prompt = ids_of(tokenizer, PROMPTS[0])
+    settings = [SamplingParams(1.0, 0, 1.0, 7), SamplingParams(0.8, 50, 0.9, 7)]
+    runs = {}
+    for params in settings:
+        for seed in (7, 7, 8):
+            sink = Collector()
+            engine.submit(GenerationRequest(prompt, 24, SamplingParams(params.temperature, params.top_k,
+                                                                       params.top_p, seed)), sink)
+            runs.setdefault((params, seed), []).append(sink)
+        # a greedy batch-mate must not change the sampled tokens
+        engine.submit(GenerationRequest(ids_of(tokenizer, PROMPTS[3]), 24), Collector())
+    for params in settings:
+        first, again = [s.wait().ids for s in runs[(params, 7)]]
+        other = runs[(params, 8)][0].wait().ids
+        assert first == again and len(first) == 24
+        assert other != first
+
+
+def test_top_k_1_is_greedy(engine, tokenizer):
+    sink = Collector()
+    engine.submit(GenerationRequest(ids_of(tokenizer, PROMPTS[1]), 16, SamplingParams(1.0, 1, 1.0, 3)), sink)
+    assert sink.wait().ids == reference(engine, tokenizer, PROMPTS[1], 16)
+
+
+def test_stop_word_ends_generation_and_is_cut(engine, tokenizer):
+    full = reference(engine, tokenizer, PROMPTS[0], 48)
+    text = tokenizer.decode(full, skip_special_tokens=True)
+    stop = text[20:23]
+    assert stop.strip(), "pick a visible stop word"
+    sink = Collector()
+    engine.submit(GenerationRequest(ids_of(tokenizer, PROMPTS[0]), 48, stop_words=[stop]), sink)
+    sink.wait()
+    assert sink.reason == "stop" and len(sink.ids) < len(full)
+    assert sink.ids == full[:len(sink.ids)]
+    pieces = [tokenizer.decode(c, skip_special_tokens=True) for c in sink.chunks]
+    assert all(stop not in p for p in pieces[:-1]), "only the last chunk may hold the stop word"
+    assert cut_at_stop_words("".join(pieces), [stop]) == text[:text.index(stop)]
+
+
+def test_validation_errors_name_the_problem_and_the_engine_keeps_serving(engine, tokenizer):
+    prompt = ids_of(tokenizer, "x")
+    cases = {
+        "the prompt is empty": GenerationRequest([], 8),
+        "max_tokens must be between 1 and 512, got 0": GenerationRequest(prompt, 0),
+        "max_tokens must be between 1 and 512, got 513": GenerationRequest(prompt, 513),
+        "context window of 1024 tokens leaves room for at most 524": GenerationRequest(prompt * 600, 500),
+        "temperature must be >= 0": GenerationRequest(prompt, 8, SamplingParams(temperature=-0.5)),
+        "top_p must be in (0, 1], got 0.0": GenerationRequest(prompt, 8, SamplingParams(1.0, 0, 0.0)),
+        "top_p must be in (0, 1], got 1.5": GenerationRequest(prompt, 8, SamplingParams(1.0, 0, 1.5)),
+        "top_k must be >= 0": GenerationRequest(prompt, 8, SamplingParams(1.0, -1, 1.0)),
+    }
+    for message, request in cases.items():
+        with pytest.raises(BadInput, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+            engine.submit(request, Collector())
+    sink = Collector()
+    engine.submit(GenerationRequest(prompt, 8), sink)
+    assert sink.wait().ids == reference(engine, tokenizer, "x", 8)
+
+
+@pytest.mark.parametrize("how", ["cancelled", "send fails"])
+def test_a_client_that_leaves_frees_its_row(engine, tokenizer, how):
+    kwargs = {"cancel_after": 4} if how == "cancelled" else {"fail_send_after": 4}
+    leaving, staying = Collector(**kwargs), Collector()
+    engine.submit(GenerationRequest(ids_of(tokenizer, PROMPTS[2]), 400), leaving)
+    engine.submit(GenerationRequest(ids_of(tokenizer, PROMPTS[0]), 40), staying)
+    leaving.wait()
+    expected = "cancelled" if how == "cancelled" else None
+    assert leaving.reason == expected and len(leaving.ids) < 200  # of 400
+    assert (leaving.error is None) == (how == "cancelled"), "a failed send is an error, a cancel is not"
+    assert staying.wait().ids == reference(engine, tokenizer, PROMPTS[0], 40)
+    deadline = time.monotonic() + WAIT
+    while engine.active and time.monotonic() < deadline:  # the loop drops the row right after finish()
+        time.sleep(0.01)
+    assert engine.active == 0
+
+
+def test_cancel_by_key_stops_a_running_or_waiting_request(engine, tokenizer):
+    running, waiting = Collector(), Collector()
+    engine.submit(GenerationRequest(ids_of(tokenizer, "x"), 400, key="running"), running)
+    running.wait_tokens(3)
+    engine.cancel("running")
+    engine.cancel("no such request")  # harmless
+    running.wait()
+    assert running.reason == "cancelled" and len(running.ids) < 50
+    fillers = [Collector() for _ in range(engine.max_batch_size)]
+    for sink in fillers:
+        engine.submit(GenerationRequest(ids_of(tokenizer, "x"), 30), sink)
+    engine.submit(GenerationRequest(ids_of(tokenizer, "x"), 30, key="waiting"), waiting)  # no free row yet
+    engine.cancel("waiting")
+    assert waiting.wait().reason == "cancelled" and waiting.ids == []
+    for sink in fillers:
+        assert sink.wait().reason == "length"
+
+
+# ---- UTF-8: a model made to spell "€" (3 bytes) one byte-token at a time -----------------------
+
+def euro_spelling_engine(engine) -> tuple[GenerationEngine, list[int]]:
+    """The demo GPT-J with its blocks silenced (each block adds nothing to the residual), so the next
+    token depends on the last one only; lm_head then maps each byte of "€" to the next byte."""
+    model = copy.deepcopy(engine.model)
+    with torch.no_grad():
+        for block in model.transformer.h:
+            block.attn.out_proj.weight.zero_()
+            block.mlp.fc_out.weight.zero_()
+            block.mlp.fc_out.bias.zero_()
+        table = engine.token_bytes
+        start = table.index(b"x")
+        euro = [table.index(bytes([b])) for b in "€".encode()]
+        nxt = {start: euro[0], euro[0]: euro[1], euro[1]: euro[2], euro[2]: euro[0]}
+        embeddings = torch.eye(model.config.n_embd)[:len(nxt)] * 3
+        model.lm_head.weight.zero_()
+        model.lm_head.bias.zero_()
+        for row, (token, follower) in enumerate(nxt.items()):
+            model.transformer.wte.weight[token] = embeddings[row]
+            normed = model.transformer.ln_f(embeddings[row])
+            model.lm_head.weight[follower] += normed  # "€" follows both "x" and the last byte of "€"
+    return GenerationEngine(model, table, engine.eos, 4, 512), [start] + euro
+
+
+def test_multi_byte_characters_split_across_tokens_are_held_back(engine):
+    spelling, (start, *euro) = euro_spelling_engine(engine)
+    try:
+        sink = Collector()
+        spelling.submit(GenerationRequest([start], 10), sink)
+        sink.wait()
+    finally:
+        spelling.close()
+    assert sink.error is None and sink.reason == "length", (sink.error, sink.reason, sink.chunks)
+    assert sink.ids[:9] == euro * 3, "the crafted model spells euro signs"
+    assert sink.chunks[:3] == [euro] * 3, "each character is released whole"
+    texts = [b"".join(engine.token_bytes[i] for i in chunk).decode("utf-8") for chunk in sink.chunks[:3]]
+    assert texts == ["€"] * 3
+    assert sink.chunks[-1] == [euro[0]], "at the end, an unfinished character is flushed"
+
+
+def test_text_stream_holds_back_partial_characters_and_stop_word_prefixes(engine):
+    table = engine.token_bytes
+    tok = {bytes([b]): table.index(bytes([b])) for b in b"ab\n\xc3\xa9\xff"}
+    stream = TextStream(table)
+    assert stream.push(tok[b"a"]) == [tok[b"a"]]
+    assert stream.push(tok[b"\xc3"]) == []  # first half of "é"
+    assert stream.push(tok[b"\xa9"]) == [tok[b"\xc3"], tok[b"\xa9"]]
+    assert stream.push(tok[b"\xff"]) == [tok[b"\xff"]]  # can never become valid: released at once
+    stream = TextStream(table, stop_words=["\nb"])
+    assert stream.push(tok[b"a"]) == [tok[b"a"]]
+    assert stream.push(tok[b"\n"]) == []  # may be the start of the stop word
+    assert stream.push(tok[b"a"]) == [tok[b"\n"], tok[b"a"]]
+    assert stream.push(tok[b"\n"]) == []
+    assert stream.push(tok[b"b"]) == [tok[b"\n"], tok[b"b"]] and stream.stopped
+
+
+# ---- the tokenizer stages (no torch) -------------------------------------------------------------
+
+def test_token_bytes_match_the_tokenizers_decoder(engine, tokenizer):
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        ids = rng.integers(0, len(tokenizer), size=int(rng.integers(1, 30))).tolist()
+        assert b"".join(engine.token_bytes[i] for i in ids).decode("utf-8", "replace") == \
+            tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_preprocess_matches_transformers_and_checks_each_request(tokenizer):
+    encoder = PromptEncoder(MODEL_REPOSITORY / "codegen_preprocess" / "1" / "tokenizer.json", 1024, 512)
+    ok, too_long = PromptRequest(PROMPTS[3], 64), PromptRequest("x " * 600, 500)
+    encoded = encoder.encode([ok, too_long])
+    assert encoded[0].tolist() == ids_of(tokenizer, PROMPTS[3]) and encoded[0].dtype == np.int32
+    assert isinstance(encoded[1], BadInput) and "at most 524" in str(encoded[1])
+    with pytest.raises(BadInput, match="empty"):
+        PromptRequest("", 8).check()
+
+
+def _string(*values: bytes) -> np.ndarray:
+    return np.array([list(values)], dtype=np.object_)
+
+
+def test_preprocess_model_isolates_bad_requests():
+    model = load_python_model("codegen_preprocess")
+    good = {"text_input": _string(b"def f():"), "request_output_len": np.array([[8]], np.int32)}
+    bad = [
+        {"text_input": _string(b""), "request_output_len": np.array([[8]], np.int32)},
+        {"text_input": _string(b"\xff\xfe"), "request_output_len": np.array([[8]], np.int32)},
+        {"text_input": _string(b"x"), "request_output_len": np.array([[0]], np.int32)},
+        {**good, "temperature": np.array([[-1.0]], np.float32)},
+        {**good, "runtime_top_p": np.array([[0.0]], np.float32)},
+        {**good, "stop_words": _string(b"ok", b"\xff")},
+    ]
+    responses = model.execute([fake_pb_utils.InferenceRequest(r) for r in [good, *bad, good]])
+    assert not responses[0].has_error() and not responses[-1].has_error()
+    assert responses[0].output("input_lengths").tolist() == [[responses[0].output("input_ids").shape[1]]]
+    for response in responses[1:-1]:
+        assert response.has_error() and response.error().code() == fake_pb_utils.TritonError.INVALID_ARG
+
+
+def test_postprocess_decodes_and_cuts_at_the_first_stop_word(tokenizer):
+    ids = np.array(ids_of(tokenizer, "a = 1\nb = 2\nc = 3\n"), dtype=np.int32)
+    detok = Detokenizer(MODEL_REPOSITORY / "codegen_postprocess" / "1" / "tokenizer.json")
+    assert detok.decode([(ids, []), (ids, ["c =", "\nb"])]) == ["a = 1\nb = 2\nc = 3\n", "a = 1"]
+    model = load_python_model("codegen_postprocess")
+    responses = model.execute([fake_pb_utils.InferenceRequest({"output_ids": ids[None, :],
+                                                               "stop_words": _string(b"b =")})])
+    assert responses[0].output("text_output").tolist() == [[b"a = 1\n"]]
+
+
+def test_preprocess_checks_the_generators_limits():
+    from model_configs import parse_config
+
+    limit = [parse_config(m).parameters["max_tokens_limit"].string_value
+             for m in ("codegen_preprocess", "codegen_generator")]
+    assert limit[0] == limit[1], "codegen_preprocess must reject exactly what the generator would"
+    window = json.loads((MODEL_REPOSITORY / "codegen_preprocess" / "1" / "config.json").read_text())["n_positions"]
+    assert window == json.loads((GENERATOR_DIR / "config.json").read_text())["n_positions"]
