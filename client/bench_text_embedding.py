@@ -1,6 +1,7 @@
 """text_embedding: served sentences/s at concurrency 1, 8, 32, 64 vs the same stage code in-process."""
 from __future__ import annotations
 
+import os
 import random
 import time
 
@@ -19,24 +20,27 @@ def corpus(n: int = 512, seed: int = 0) -> list[str]:
 
 
 def in_process_limit(texts: list[str], seconds: float) -> tuple[float, int]:
-    """Best sentences/s of tokenizer -> encoder -> pooling called directly, over batch sizes."""
+    """Best sentences/s of the tokenizer -> encoder -> pooling stage code called directly, one
+    sentence per request as the served load sends them, over batch sizes, with every core."""
     import torch
     from mean_pooling.pooling import mean_pool_normalize
     from text_tokenizer.tokenization import TextTokenizer
     from transformer_encoder.encoder import TransformerEncoder
 
-    torch.set_num_threads(int(parameter("text_embedding_encoder", "torch_threads", "1")))
+    torch.set_num_threads(os.cpu_count() or 1)
     tokenizer = TextTokenizer(MODEL_REPOSITORY / "text_embedding_tokenizer" / "1" / "tokenizer.json",
                               int(parameter("text_embedding_tokenizer", "max_length")))
-    encoder = TransformerEncoder(MODEL_REPOSITORY / "text_embedding_encoder" / "1", torch.device("cpu"))
+    encoder = TransformerEncoder(MODEL_REPOSITORY / "text_embedding_encoder" / "1", torch.device("cpu"),
+                                 int(parameter("text_embedding_encoder", "rows_per_forward", "8")))
     best = (0.0, 0)
     for batch in (8, 16, 32, 64):
         done, start, i = 0, time.perf_counter(), 0
         while time.perf_counter() - start < seconds:
-            chunk = [texts[(i + k) % len(texts)] for k in range(batch)]
+            requests = [[texts[(i + k) % len(texts)]] for k in range(batch)]
             i += batch
-            ids, mask = tokenizer.encode(chunk)
-            mean_pool_normalize(encoder.last_hidden_state(ids, mask), mask)
+            encoded = tokenizer.encode_per_request(requests)
+            for (_, mask), hidden in zip(encoded, encoder.encode_per_request(encoded)):
+                mean_pool_normalize(hidden, mask)
             done += batch
         rate = done / (time.perf_counter() - start)
         print(f"  limit, in-process batch {batch}: {rate:.1f} sentences/sec")

@@ -85,3 +85,16 @@ def test_encoder_batches_requests_of_different_lengths(reference):
     assert together[0].output("token_embeddings").shape == (1, a_ids.shape[1], 384)
     np.testing.assert_allclose(together[0].output("token_embeddings"), alone[0].output("token_embeddings"),
                                atol=1e-5)
+
+
+def test_encoder_sorts_rows_into_small_forwards_without_changing_results(tokenizer, reference):
+    from transformer_encoder.encoder import TransformerEncoder
+
+    encoder = TransformerEncoder(MODEL_REPOSITORY / "text_embedding_encoder" / "1", torch.device("cpu"),
+                                 rows_per_forward=2)
+    requests = tokenizer.encode_per_request([TEXTS, ["one", "two words"], TEXTS[::-1]])
+    pooled = [mean_pool_normalize(h, mask) for (_, mask), h in zip(requests, encoder.encode_per_request(requests))]
+    for texts, got in zip([TEXTS, ["one", "two words"], TEXTS[::-1]], pooled):
+        np.testing.assert_allclose(got, reference.encode(texts, normalize_embeddings=True), atol=1e-5)
+    hidden = encoder.encode_per_request(requests[1:2])[0]
+    assert not hidden[0, requests[1][1][0].sum():].any(), "padding positions are zero"

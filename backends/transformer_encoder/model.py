@@ -6,6 +6,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from stage_common.errors import BadInput  # noqa: E402
+from stage_common.params import config_param  # noqa: E402
 from stage_common.torch_runtime import configure_torch  # noqa: E402
 from stage_common.triton_io import execute_batched, input_array, load_model_config, version_dir  # noqa: E402
 from transformer_encoder.encoder import TransformerEncoder  # noqa: E402
@@ -15,6 +16,8 @@ def _parse(request):
     ids, mask = input_array(request, "input_ids"), input_array(request, "attention_mask")
     if ids.shape != mask.shape:
         raise BadInput(f"input_ids {ids.shape} and attention_mask {mask.shape} differ in shape")
+    if ids.size and (mask.sum(axis=1) == 0).any():
+        raise BadInput("every row needs at least one token (attention_mask all zero)")
     return ids, mask
 
 
@@ -22,8 +25,9 @@ class TritonPythonModel:
     """input_ids, attention_mask [-1] -> token_embeddings [-1, hidden] (the last hidden state)."""
 
     def initialize(self, args):
-        device = configure_torch(args, load_model_config(args))
-        self.encoder = TransformerEncoder(version_dir(args), device)
+        config = load_model_config(args)
+        self.encoder = TransformerEncoder(version_dir(args), configure_torch(args, config),
+                                          config_param(config, "rows_per_forward", int, 8))
 
     def execute(self, requests):
         return execute_batched(requests, parse=_parse, compute=self.encoder.encode_per_request,
