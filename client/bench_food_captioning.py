@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import io
 import itertools
-import time
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from perf import run_load
+from perf import in_process_limit, run_load
 from tools.model_repo import MODEL_REPOSITORY, parameter
 
 MODELS = ["food_captioning"]
@@ -47,15 +46,13 @@ def image_inputs_factory(images: list[bytes]):
     return make
 
 
-def in_process_limit(images: list[bytes], seconds: float, batches=(1, 4, 8, 16)) -> tuple[float, int]:
-    """Best images/s of preprocess -> classifier -> captioner called directly, over batch sizes up to
-    the highest concurrency served (16 clients never put more than 16 images in one batch)."""
+def stage_code():
+    """preprocess -> classifier -> captioner called directly, as the served stages run them."""
     import torch
     from blip_captioner.captioner import BlipCaptioner
     from image_classifier.classifier import ImageClassifier
     from image_preprocess.preprocess import FoodImagePreprocessor
 
-    torch.set_num_threads(int(parameter("food_captioning_captioner", "torch_threads", "1")))
     folder = MODEL_REPOSITORY / "food_captioning_preprocess" / "1"
     preprocess = FoodImagePreprocessor(folder / "classifier_preprocessor_config.json",
                                        folder / "blip_preprocessor_config.json",
@@ -65,26 +62,19 @@ def in_process_limit(images: list[bytes], seconds: float, batches=(1, 4, 8, 16))
                               parameter("food_captioning_captioner", "prompt_template"),
                               int(parameter("food_captioning_captioner", "max_new_tokens")),
                               int(parameter("food_captioning_captioner", "num_beams")))
-    best = (0.0, 0)
-    for batch in batches:
-        done, start, i = 0, time.perf_counter(), 0
-        while time.perf_counter() - start < seconds:
-            chunk = [images[(i + k) % len(images)] for k in range(batch)]
-            i += batch
-            classifier_pixels, blip_pixels = preprocess(chunk)
-            labels, _scores = classifier.top1(classifier_pixels)
-            captioner.caption(list(blip_pixels), labels)
-            done += batch
-        rate = done / (time.perf_counter() - start)
-        print(f"  limit, in-process batch {batch}: {rate:.1f} images/sec")
-        best = max(best, (rate, batch))
-    return best
+
+    def process(images: list[bytes]) -> None:
+        classifier_pixels, blip_pixels = preprocess(images)
+        labels, _scores = classifier.top1(classifier_pixels)
+        captioner.caption(list(blip_pixels), labels)
+
+    return process
 
 
 def run(ctx) -> None:
     images = photos()
-    limit, batch = in_process_limit(images, max(ctx.window / 2, 1.0))
-    print(f"Limit: {limit:.1f} images/sec (in-process, batch {batch})\n")
+    # batches up to the highest concurrency served: 16 clients never put more than 16 images in a batch
+    limit, _, _ = in_process_limit(stage_code(), images, (1, 4, 8, 16), max(ctx.window / 2, 1.0), "images/sec")
     for concurrency in ((1, 16) if ctx.quick else (1, 8, 16)):
         result = run_load(ctx.grpc_url, "food_captioning", image_inputs_factory(images), concurrency,
                           ctx.window, ctx.warmup)

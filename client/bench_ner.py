@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import random
-import time
 
-from perf import run_load, text_inputs_factory
-from tools.model_repo import MODEL_REPOSITORY, parameter
+from perf import in_process_limit, run_load, text_inputs_factory
+from tools.model_repo import MODEL_REPOSITORY
 
 PEOPLE = ["George Washington", "Angela Merkel", "Barack Obama", "Marie Curie", "Kofi Annan", "Zoë Saldaña"]
 PLACES = ["Washington", "Berlin", "Paris", "New York", "Tokyo", "Zürich", "the United Kingdom", "Lagos"]
@@ -31,22 +30,13 @@ def corpus(n: int = 512, seed: int = 0) -> list[str]:
     return out
 
 
-def in_process_limit(texts: list[str], seconds: float) -> float:
-    """flair's Sentence(text) + SequenceTagger.predict(mini_batch_size=64), sentences/s."""
-    import torch
+def flair_predict():
+    """flair's own Sentence(text) + SequenceTagger.predict(mini_batch_size=64): the limit."""
     from flair.data import Sentence
     from flair.models import SequenceTagger
 
-    torch.set_num_threads(int(parameter("ner_tagger", "torch_threads", "1")))
     tagger = SequenceTagger.load(MODEL_REPOSITORY / "ner_tagger" / "1" / "ner-tagger.pt").eval()
-    tagger.predict([Sentence(t) for t in texts[:64]], mini_batch_size=64)  # warm-up
-    done, start, i = 0, time.perf_counter(), 0
-    while time.perf_counter() - start < seconds:
-        chunk = [texts[(i + k) % len(texts)] for k in range(256)]
-        i += len(chunk)
-        tagger.predict([Sentence(t) for t in chunk], mini_batch_size=64)
-        done += len(chunk)
-    return done / (time.perf_counter() - start)
+    return lambda texts: tagger.predict([Sentence(t) for t in texts], mini_batch_size=64)
 
 
 # Two char LMs of hidden 1024 run one step per character: a batch of 32 sentences takes seconds on a
@@ -58,8 +48,8 @@ def run(ctx) -> None:
     texts = corpus()
     window = ctx.window if ctx.quick else max(ctx.window, MIN_WINDOW)
     warmup = ctx.warmup if ctx.quick else max(ctx.warmup, MIN_WARMUP)
-    limit = in_process_limit(texts, window)
-    print(f"Limit: {limit:.1f} sentences/sec (flair predict in-process, mini_batch_size 64)\n")
+    # predict sorts each 256-sentence chunk by length before cutting mini-batches of 64
+    limit, _, _ = in_process_limit(flair_predict(), texts, (256,), window / 2, "sentences/sec (flair predict)")
     for concurrency in ((1, 32) if ctx.quick else (1, 8, 32, 64)):
         result = run_load(ctx.grpc_url, "ner", text_inputs_factory(texts), concurrency, window, warmup)
         ctx.report(result, limit, "sentences/sec")

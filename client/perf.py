@@ -158,6 +158,29 @@ def format_report(result: LoadResult) -> str:
     return "\n".join(lines)
 
 
+def in_process_limit(process_batch: Callable[[list], object], items: list, batch_sizes: tuple[int, ...],
+                     seconds: float, unit: str, thread_counts: tuple[int, ...] | None = None
+                     ) -> tuple[float, int, int]:
+    """The limit a served pipeline is compared with: the same stage code called directly, items/s at
+    the best batch size and torch thread count (1 and every core by default). -> (rate, batch, threads)"""
+    import torch
+
+    best = (0.0, 0, 0)
+    for threads in thread_counts or tuple(sorted({1, os.cpu_count() or 1})):
+        torch.set_num_threads(threads)
+        for batch in batch_sizes:
+            process_batch(items[:batch])  # warm-up
+            done, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                process_batch([items[(done + k) % len(items)] for k in range(batch)])
+                done += batch
+            rate = done / (time.perf_counter() - start)
+            print(f"  limit, in-process, {threads} thread(s), batch {batch}: {rate:.1f} {unit}", flush=True)
+            best = max(best, (rate, batch, threads))
+    print(f"Limit: {best[0]:.1f} {unit} (in-process, batch {best[1]}, {best[2]} thread(s))\n", flush=True)
+    return best
+
+
 def text_inputs_factory(texts: list[str], name: str = "text", rows: int = 1) -> InputsFactory:
     """Cycles through `texts`, `rows` strings per request, as a [rows, 1] TYPE_STRING tensor."""
     encoded = itertools.cycle([t.encode() for t in texts])
