@@ -16,6 +16,7 @@ from transformers import AutoTokenizer, GPTJForCausalLM
 from tritonclient.utils import InferenceServerException
 
 from model_configs import MODEL_REPOSITORY
+from triton_fixtures import assert_invalid_argument, concurrently
 
 pytestmark = pytest.mark.integration
 
@@ -229,21 +230,12 @@ BAD_INPUTS = {
 def test_each_bad_input_is_invalid_argument_while_batch_mates_succeed(server, local):
     expected = greedy_text(local, PROMPTS[0], 32)
 
-    def call(case):
-        try:
-            return unary(server, case.pop("prompt"), case.pop("max_tokens"), **case)
-        except InferenceServerException as exc:
-            return exc
-
     cases = [dict(prompt=PROMPTS[0], max_tokens=32)] + [dict(c) for c, _ in BAD_INPUTS.values()] + \
         [dict(prompt=PROMPTS[0], max_tokens=32)]
-    with ThreadPoolExecutor(len(cases)) as pool:
-        results = list(pool.map(call, cases))
+    results = concurrently(lambda case: unary(server, case.pop("prompt"), case.pop("max_tokens"), **case), cases)
     assert results[0] == expected and results[-1] == expected
     for (name, (_, message)), result in zip(BAD_INPUTS.items(), results[1:-1]):
-        assert isinstance(result, InferenceServerException), name
-        assert result.status() == "StatusCode.INVALID_ARGUMENT", (name, result)
-        assert message in result.message(), (name, result.message())
+        assert_invalid_argument(result, message)
     assert unary(server, PROMPTS[0], 32) == expected, "the server keeps serving"
 
 

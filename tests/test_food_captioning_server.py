@@ -12,6 +12,7 @@ from tritonclient.utils import InferenceServerException
 from food_images import bomb_png, encode, mixed_images, photo, truncated_jpeg
 from image_preprocess.decoding import decode_image
 from model_configs import MODEL_REPOSITORY
+from triton_fixtures import assert_invalid_argument, concurrently
 
 pytestmark = pytest.mark.integration
 
@@ -133,23 +134,13 @@ def test_bad_images_fail_alone_while_batch_mates_succeed(server, expected):
     jobs = [("good", name) for name in NAMES[:12]] + [("bad", kind) for kind in BAD]
     jobs = jobs[::2] + jobs[1::2]  # interleave, so bad and good requests share batches
 
-    def call(job):
-        kind, name = job
-        data = IMAGES[name] if kind == "good" else BAD[name][0]
-        try:
-            return infer(server.grpc_url, [data])
-        except InferenceServerException as e:
-            return e
-
-    with ThreadPoolExecutor(len(jobs)) as pool:
-        results = list(pool.map(call, jobs))
+    results = concurrently(
+        lambda job: infer(server.grpc_url, [IMAGES[job[1]] if job[0] == "good" else BAD[job[1]][0]]), jobs)
     for (kind, name), result in zip(jobs, results):
         if kind == "good":
             assert_rows_equal(result, [name], expected)
         else:
-            assert isinstance(result, InferenceServerException), name
-            assert "INVALID_ARGUMENT" in str(result.status()), (name, result)
-            assert BAD[name][1] in result.message(), (name, result.message())
+            assert_invalid_argument(result, BAD[name][1])
     assert_rows_equal(infer(server.grpc_url, [IMAGES["one_pixel.png"]]), ["one_pixel.png"], expected)
 
 

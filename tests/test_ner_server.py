@@ -12,6 +12,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from model_configs import MODEL_REPOSITORY
+from triton_fixtures import assert_invalid_argument, concurrently
 from ner_preprocess.flair_sentence import clean_text
 
 pytestmark = pytest.mark.integration
@@ -140,23 +141,10 @@ def test_concurrent_clients_get_their_own_rows_and_the_tagger_batches(server, re
 
 def test_invalid_utf8_fails_only_its_own_request(server, reference):
     texts = [f"Request {i} from Paris to Berlin." for i in range(15)]
-    expected = expected_entities(reference, texts)
-
-    def call(i):
-        if i == 7:
-            try:
-                infer(server.grpc_url, [b"caf\xe9 in Paris"])
-            except InferenceServerException as e:
-                return e
-            return None
-        return infer(server.grpc_url, [texts[i if i < 7 else i - 1]])[0]
-
-    with ThreadPoolExecutor(16) as pool:
-        results = list(pool.map(call, range(16)))
-    error = results.pop(7)
-    assert isinstance(error, InferenceServerException)
-    assert "StatusCode.INVALID_ARGUMENT" in str(error.status()) and "not valid UTF-8" in error.message()
-    assert_same(texts, results, expected)
+    jobs = texts[:7] + [b"caf\xe9 in Paris"] + texts[7:]
+    results = concurrently(lambda text: infer(server.grpc_url, [text])[0], jobs)
+    assert_invalid_argument(results.pop(7), "not valid UTF-8")
+    assert_same(texts, results, expected_entities(reference, texts))
 
 
 def test_empty_and_blank_texts_give_no_entities(server):

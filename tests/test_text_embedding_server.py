@@ -9,6 +9,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from model_configs import MODEL_REPOSITORY
+from triton_fixtures import assert_invalid_argument, concurrently
 
 pytestmark = pytest.mark.integration
 
@@ -83,23 +84,10 @@ def test_concurrent_clients_get_their_own_rows_and_are_batched(server, reference
 
 def test_invalid_utf8_fails_only_its_own_request(server, reference):
     texts = [f"good request {i}" for i in range(15)]
-    expected = reference.encode(texts, normalize_embeddings=True)
-
-    def call(i):
-        if i == 7:
-            try:
-                embed(server.grpc_url, [b"caf\xe9 latin-1"])
-            except InferenceServerException as e:
-                return e
-            return None
-        return embed(server.grpc_url, [texts[i if i < 7 else i - 1]])[0]
-
-    with ThreadPoolExecutor(16) as pool:
-        results = list(pool.map(call, range(16)))
-    error = results.pop(7)
-    assert isinstance(error, InferenceServerException)
-    assert "StatusCode.INVALID_ARGUMENT" in str(error.status()) and "not valid UTF-8" in error.message()
-    np.testing.assert_allclose(np.stack(results), expected, atol=1e-5)
+    jobs = texts[:7] + [b"caf\xe9 latin-1"] + texts[7:]
+    results = concurrently(lambda text: embed(server.grpc_url, [text])[0], jobs)
+    assert_invalid_argument(results.pop(7), "not valid UTF-8")
+    np.testing.assert_allclose(np.stack(results), reference.encode(texts, normalize_embeddings=True), atol=1e-5)
     np.testing.assert_allclose(embed(server.grpc_url, ["still serving"]),
                                reference.encode(["still serving"], normalize_embeddings=True), atol=1e-5)
 

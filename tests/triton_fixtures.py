@@ -46,3 +46,28 @@ def triton(tmp_path_factory) -> LiveServer:
     finally:
         server.stop()
 
+
+
+def concurrently(call, jobs: list) -> list:
+    """call(job) for every job at once, so that they share dynamic batches; a request's
+    InferenceServerException is returned in its place, not raised."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tritonclient.utils import InferenceServerException
+
+    def guarded(job):
+        try:
+            return call(job)
+        except InferenceServerException as exc:
+            return exc
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        return list(pool.map(guarded, jobs))
+
+
+def assert_invalid_argument(result, message: str) -> None:
+    from tritonclient.utils import InferenceServerException
+
+    assert isinstance(result, InferenceServerException), f"expected an error, got {result!r}"
+    assert "INVALID_ARGUMENT" in str(result.status()), result
+    assert message in result.message(), result.message()
