@@ -2,12 +2,10 @@
 from __future__ import annotations
 
 import io
-import itertools
 
 import numpy as np
-import tritonclient.grpc as grpcclient
 
-from perf import in_process_limit, run_load
+from perf import in_process_limit, run_load, text_inputs_factory
 from tools.model_repo import MODEL_REPOSITORY, parameter
 
 MODELS = ["food_captioning"]
@@ -33,17 +31,6 @@ def photos(n: int = 32, seed: int = 0) -> list[bytes]:
         image.save(buffer, format="JPEG", quality=88)
         out.append(buffer.getvalue())
     return out
-
-
-def image_inputs_factory(images: list[bytes]):
-    cycle = itertools.cycle(images)
-
-    def make():
-        tensor = grpcclient.InferInput("image", [1, 1], "BYTES")
-        tensor.set_data_from_numpy(np.array([[next(cycle)]], dtype=np.object_))
-        return [tensor]
-
-    return make
 
 
 def stage_code():
@@ -76,6 +63,6 @@ def run(ctx) -> None:
     # batches up to the highest concurrency served: 16 clients never put more than 16 images in a batch
     limit, _, _ = in_process_limit(stage_code(), images, (1, 4, 8, 16), max(ctx.window / 2, 1.0), "images/sec")
     for concurrency in ((1, 16) if ctx.quick else (1, 8, 16)):
-        result = run_load(ctx.grpc_url, "food_captioning", image_inputs_factory(images), concurrency,
+        result = run_load(ctx.grpc_url, "food_captioning", text_inputs_factory(images, "image"), concurrency,
                           ctx.window, ctx.warmup)
         ctx.report(result, limit, "images/sec")

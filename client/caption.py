@@ -12,15 +12,14 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from string_tensors import string_rows
+
 
 def caption(client: grpcclient.InferenceServerClient, data: bytes) -> tuple[str, float, str]:
-    image = grpcclient.InferInput("image", [1, 1], "BYTES")
-    image.set_data_from_numpy(np.array([[data]], dtype=np.object_))
-    result = client.infer("food_captioning", [image])
+    result = client.infer("food_captioning", [string_rows("image", [data])])
     return (result.as_numpy("label")[0, 0].decode(), float(result.as_numpy("score")[0, 0]),
             result.as_numpy("caption")[0, 0].decode())
 

@@ -11,12 +11,12 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from string_tensors import string_rows
+
 
 def embed(url: str, texts: list[str]) -> np.ndarray:
     client = grpcclient.InferenceServerClient(url)
-    text = grpcclient.InferInput("text", [len(texts), 1], "BYTES")
-    text.set_data_from_numpy(np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_))
-    return client.infer("text_embedding", [text]).as_numpy("embedding")
+    return client.infer("text_embedding", [string_rows("text", texts)]).as_numpy("embedding")
 
 
 def main() -> int:

@@ -8,16 +8,15 @@ import argparse
 import json
 import sys
 
-import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
+
+from string_tensors import string_rows
 
 
 def entities(url: str, texts: list[str]) -> list[list[dict]]:
     client = grpcclient.InferenceServerClient(url)
-    text = grpcclient.InferInput("text", [len(texts), 1], "BYTES")
-    text.set_data_from_numpy(np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_))
-    rows = client.infer("ner", [text]).as_numpy("entities").reshape(-1)
+    rows = client.infer("ner", [string_rows("text", texts)]).as_numpy("entities").reshape(-1)
     return [json.loads(row.decode("utf-8")) for row in rows]
 
 

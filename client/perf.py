@@ -21,6 +21,8 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 
+from string_tensors import string_rows
+
 InputsFactory = Callable[[], list]  # returns fresh grpcclient.InferInput objects for one request
 
 
@@ -182,13 +184,11 @@ def in_process_limit(process_batch: Callable[[list], object], items: list, batch
 
 
 def text_inputs_factory(texts: list[str], name: str = "text", rows: int = 1) -> InputsFactory:
-    """Cycles through `texts`, `rows` strings per request, as a [rows, 1] TYPE_STRING tensor."""
-    encoded = itertools.cycle([t.encode() for t in texts])
+    """Cycles through `texts` (str or bytes), `rows` per request, as a [rows, 1] TYPE_STRING tensor."""
+    items = itertools.cycle(texts)
 
     def make():
-        tensor = grpcclient.InferInput(name, [rows, 1], "BYTES")
-        tensor.set_data_from_numpy(np.array([[next(encoded)] for _ in range(rows)], dtype=np.object_))
-        return [tensor]
+        return [string_rows(name, [next(items) for _ in range(rows)])]
 
     return make
 

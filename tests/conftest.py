@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-for path in (ROOT, ROOT / "backends", ROOT / "tests"):
+for path in (ROOT, ROOT / "backends", ROOT / "client", ROOT / "tests"):
     sys.path.insert(0, str(path))
 
 import fake_pb_utils  # noqa: E402

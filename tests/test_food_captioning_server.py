@@ -12,6 +12,7 @@ from tritonclient.utils import InferenceServerException
 from food_images import bomb_png, encode, mixed_images, photo, truncated_jpeg
 from image_preprocess.decoding import decode_image
 from model_configs import MODEL_REPOSITORY
+from string_tensors import string_rows
 from triton_fixtures import assert_invalid_argument, concurrently
 
 pytestmark = pytest.mark.integration
@@ -69,9 +70,7 @@ def expected(reference):
 
 
 def infer(url: str, images: list[bytes]):
-    tensor = grpcclient.InferInput("image", [len(images), 1], "BYTES")
-    tensor.set_data_from_numpy(np.array([[data] for data in images], dtype=object))
-    result = grpcclient.InferenceServerClient(url).infer("food_captioning", [tensor])
+    result = grpcclient.InferenceServerClient(url).infer("food_captioning", [string_rows("image", images)])
     return ([v.decode() for v in result.as_numpy("label")[:, 0]], result.as_numpy("score")[:, 0],
             [v.decode() for v in result.as_numpy("caption")[:, 0]])
 

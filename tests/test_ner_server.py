@@ -6,12 +6,12 @@ import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from model_configs import MODEL_REPOSITORY
+from string_tensors import string_rows
 from triton_fixtures import assert_invalid_argument, concurrently
 from ner_preprocess.flair_sentence import clean_text
 
@@ -81,14 +81,8 @@ def expected_entities(tagger, texts: list[str]) -> list[list[tuple]]:
     return out
 
 
-def text_input(texts):
-    tensor = grpcclient.InferInput("text", [len(texts), 1], "BYTES")
-    tensor.set_data_from_numpy(np.array([[t if isinstance(t, bytes) else t.encode()] for t in texts], dtype=object))
-    return tensor
-
-
 def infer(url, texts) -> list[list[dict]]:
-    result = grpcclient.InferenceServerClient(url).infer("ner", [text_input(texts)])
+    result = grpcclient.InferenceServerClient(url).infer("ner", [string_rows("text", texts)])
     rows = result.as_numpy("entities")
     assert rows.shape == (len(texts), 1)
     return [json.loads(v.decode("utf-8")) for v in rows.reshape(-1)]

@@ -9,6 +9,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from model_configs import MODEL_REPOSITORY
+from string_tensors import string_rows
 from triton_fixtures import assert_invalid_argument, concurrently
 
 pytestmark = pytest.mark.integration
@@ -37,14 +38,8 @@ def reference():
     return SentenceTransformer(str(MODEL_REPOSITORY / "text_embedding_encoder" / "1"), device="cpu")
 
 
-def text_input(texts, name="text"):
-    tensor = grpcclient.InferInput(name, [len(texts), 1], "BYTES")
-    tensor.set_data_from_numpy(np.array([[t if isinstance(t, bytes) else t.encode()] for t in texts], dtype=object))
-    return tensor
-
-
 def embed(url, texts):
-    result = grpcclient.InferenceServerClient(url).infer("text_embedding", [text_input(texts)])
+    result = grpcclient.InferenceServerClient(url).infer("text_embedding", [string_rows("text", texts)])
     return result.as_numpy("embedding")
 
 

@@ -2,14 +2,10 @@
 loaded on demand (explicit model control), always stopped."""
 from __future__ import annotations
 
-import importlib.util
-import json
-import sys
-from pathlib import Path
 
 import pytest
 
-from tools.triton_launcher import MODEL_REPOSITORY, TritonServer, free_port
+from tools.triton_launcher import TritonServer, free_port
 
 
 class LiveServer:
