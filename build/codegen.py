@@ -4,6 +4,9 @@ plus its tokenizer for the generator, and tokenizer.json for the tokenizer stage
 demo: a small random GPT-J (context 1024) and a byte-level BPE trained here on the Python standard
 library's top-level modules; fixed seeds and one training thread make re-runs byte-identical.
 hub: moyix/codegen-350M-mono-gptj with the Salesforce/codegen-350M-mono tokenizer.
+
+CODEGEN_DEMO_SIZE=350m gives the demo GPT-J codegen-350M-mono-gptj's architecture (random weights,
+same tokenizer): what `make bench` measures the pipeline's overhead against.
 """
 from __future__ import annotations
 
@@ -18,7 +21,11 @@ HUB_TOKENIZER = "Salesforce/codegen-350M-mono"
 EOS = "<|endoftext|>"
 DEMO_VOCAB = 4096
 DEMO_SEED = 20240501
-DEMO_GPTJ = dict(n_positions=1024, n_embd=128, n_layer=3, n_head=4, rotary_dim=16)
+DEMO_SIZES = {
+    "small": dict(n_positions=1024, n_embd=128, n_layer=3, n_head=4, rotary_dim=16),
+    # codegen-350M-mono's shape; its vocabulary is padded to 51200 beyond its tokenizer's, as here
+    "350m": dict(vocab_size=51200, n_positions=2048, n_embd=1024, n_layer=20, n_head=16, rotary_dim=32),
+}
 
 
 def stdlib_sources() -> list[Path]:
@@ -44,13 +51,26 @@ def train_demo_tokenizer():
                                    clean_up_tokenization_spaces=False)
 
 
-def demo_model(tokenizer):
+def demo_size() -> str:
+    size = os.environ.get("CODEGEN_DEMO_SIZE", "small")
+    if size not in DEMO_SIZES:
+        raise SystemExit(f"CODEGEN_DEMO_SIZE={size!r}: choose one of {sorted(DEMO_SIZES)}")
+    return size
+
+
+def demo_model(tokenizer, size: str = "small"):
+    import torch
     from transformers import GPTJConfig, GPTJForCausalLM
 
     eos = tokenizer.convert_tokens_to_ids(EOS)
-    config = GPTJConfig(vocab_size=len(tokenizer), bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, **DEMO_GPTJ)
+    shape = dict(DEMO_SIZES[size])
+    vocab = max(len(tokenizer), shape.pop("vocab_size", 0))
+    config = GPTJConfig(vocab_size=vocab, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, **shape)
     seed_everything(DEMO_SEED)
     model = GPTJForCausalLM(config).eval()
+    with torch.no_grad():  # padding ids never win, as in a trained model (the tokenizer has no text for them)
+        model.lm_head.weight[len(tokenizer):] = 0
+        model.lm_head.bias[len(tokenizer):] = -100
     model.generation_config.pad_token_id = eos
     return model
 
@@ -68,12 +88,13 @@ def hub_tokenizer_and_model():
 
 def build(profile: str) -> None:
     progress = Progress("codegen", 3)
-    with progress.step(f"tokenizer + GPT-J ({profile} profile)"):
+    label = profile if profile == "hub" else f"demo profile, {demo_size()} GPT-J"
+    with progress.step(f"tokenizer + GPT-J ({label})"):
         if profile == "hub":
             tokenizer, model = hub_tokenizer_and_model()
         else:
             tokenizer = train_demo_tokenizer()
-            model = demo_model(tokenizer)
+            model = demo_model(tokenizer, demo_size())
     with progress.step("model + tokenizer -> model_repository/codegen_generator/1/"):
         dest = version_dir("codegen_generator")
         model.save_pretrained(dest, safe_serialization=True)

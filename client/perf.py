@@ -104,7 +104,9 @@ async def _closed_loop(url: str, model: str, make_inputs: InputsFactory, concurr
             except Exception as e:  # noqa: BLE001 - counted and reported, the load goes on
                 ok, first_error = False, first_error or str(e)
             t1 = time.perf_counter()
-            if measure_from <= t0 and t1 <= measure_to:
+            # every request that ends inside the window counts (as perf_analyzer counts responses):
+            # counting only those that also started inside it would undercount long requests
+            if measure_from <= t1 <= measure_to:
                 if ok:
                     latencies.append(t1 - t0)
                 else:

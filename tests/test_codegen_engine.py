@@ -13,6 +13,7 @@ import torch
 from transformers import AutoTokenizer
 
 import fake_pb_utils
+from build import codegen as codegen_build
 from codegen_postprocess.detokenizer import Detokenizer, cut_at_stop_words
 from codegen_preprocess.prompt_encoder import PromptEncoder, PromptRequest
 from gptj_generator.engine import GenerationEngine, GenerationRequest
@@ -129,6 +130,25 @@ def test_greedy_equals_generate_for_prompts_prefilled_together(engine, tokenizer
         engine.submit(GenerationRequest(ids_of(tokenizer, prompt), 24), sink)
     for prompt, sink in zip(PROMPTS, sinks):
         assert sink.wait().ids == reference(engine, tokenizer, prompt, 24), prompt
+
+
+def test_compute_is_charged_once_per_sequence_in_each_step(engine, tokenizer):
+    """request_seconds counts a step once for every row in it (Triton's per-request statistics
+    for a batched model); busy_seconds counts it once."""
+    def run(prompts: list[str]) -> tuple[float, float]:
+        busy, charged = engine.busy_seconds, engine.request_seconds
+        sinks = [Collector() for _ in prompts]
+        for prompt, sink in zip(prompts, sinks):
+            engine.submit(GenerationRequest(ids_of(tokenizer, prompt), 16), sink)
+        for sink in sinks:
+            sink.wait()
+        time.sleep(0.2)  # the loop's last turn is counted after the final send
+        return engine.busy_seconds - busy, engine.request_seconds - charged
+
+    busy, charged = run(PROMPTS[:1])
+    assert charged == pytest.approx(busy, rel=1e-6)
+    busy, charged = run(PROMPTS[:3])
+    assert 1.5 * busy < charged <= 3 * busy * (1 + 1e-6)
 
 
 def test_seeded_sampling_is_reproducible_and_depends_on_the_seed(engine, tokenizer):
@@ -291,6 +311,25 @@ def test_token_bytes_match_the_tokenizers_decoder(engine, tokenizer):
         ids = rng.integers(0, len(tokenizer), size=int(rng.integers(1, 30))).tolist()
         assert b"".join(engine.token_bytes[i] for i in ids).decode("utf-8", "replace") == \
             tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_ids_beyond_the_tokenizer_stream_as_nothing_and_a_padded_demo_vocabulary_never_yields_them(
+        engine, tokenizer, monkeypatch):
+    """codegen-350M's vocabulary (51200) is larger than its tokenizer's; so is the bench's 350m demo."""
+    beyond = len(tokenizer) + 7
+    stream = TextStream(engine.token_bytes)
+    assert stream.push(beyond) == [beyond] and stream.text == ""
+    assert tokenizer.decode([beyond]) == ""  # what the postprocessing makes of it
+
+    monkeypatch.setitem(codegen_build.DEMO_SIZES, "padded", dict(
+        vocab_size=len(tokenizer) + 512, n_positions=128, n_embd=32, n_layer=1, n_head=2, rotary_dim=8))
+    model = codegen_build.demo_model(tokenizer, "padded")
+    assert model.config.vocab_size == len(tokenizer) + 512
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        out = model.generate(**tokenizer(PROMPTS[0], return_tensors="pt"), max_new_tokens=64, do_sample=True,
+                             temperature=1.0, top_k=0)
+    assert int(out.max()) < len(tokenizer)
 
 
 def test_preprocess_matches_transformers_and_checks_each_request(tokenizer):

@@ -77,6 +77,9 @@ class GenerationEngine:
         self.steps = 0  # decode forward passes, for the statistics
         self.rows_decoded = 0
         self.busy_seconds = 0.0  # time spent prefilling, decoding and sampling
+        # each loop turn's time once for every sequence in it: what Triton's per-request compute
+        # statistics would show for a model batched per execution (the seed's share metric)
+        self.request_seconds = 0.0
         self._thread = threading.Thread(target=self._loop, name="gptj-decode-loop", daemon=True)
         self._thread.start()
 
@@ -125,12 +128,13 @@ class GenerationEngine:
                 if keys:  # waiting ones are dropped too (the filter below fails them)
                     admitted += [seq for seq in self._pending if seq.request.key in keys]
                     self._pending = deque(seq for seq in self._pending if seq.request.key not in keys)
-            started = time.perf_counter()
+            started, taking_part = time.perf_counter(), 0
             poll = started - self._polled_at >= self.cancel_poll_seconds
             self._polled_at = started if poll else self._polled_at
             try:
                 admitted = [seq for seq in admitted if not self._gone(seq, keys, poll)]
                 self._drop_cancelled(keys, poll)
+                taking_part = len(admitted) + len(self._running)
                 for group in self._prefill_groups(admitted):
                     self._prefill(group)
                 if self._running:
@@ -139,7 +143,9 @@ class GenerationEngine:
                 for seq in self._running + [s for s in admitted if s not in self._running]:
                     seq.sink.fail(exc)
                 self._running, self._cache, self._mask = [], None, None
-            self.busy_seconds += time.perf_counter() - started
+            elapsed = time.perf_counter() - started
+            self.busy_seconds += elapsed
+            self.request_seconds += elapsed * taking_part
             if self.on_progress is not None:
                 self.on_progress(self)
         for seq in self._running + list(self._pending):

@@ -85,9 +85,14 @@ class EngineMetrics:
                                   "mean batch size)", pb_utils.MetricFamily.COUNTER),
             pb_utils.MetricFamily("codegen_compute_duration_us", "time the decode loop spent prefilling, "
                                   "decoding and sampling", pb_utils.MetricFamily.COUNTER),
+            pb_utils.MetricFamily("codegen_request_compute_duration_us", "decode-loop time counted once for "
+                                  "every sequence in each step (summed per request, as "
+                                  "nv_inference_compute_infer_duration_us counts a batched execution)",
+                                  pb_utils.MetricFamily.COUNTER),
         ]
-        self.active, self.steps, self.rows, self.compute_us = (family.Metric(labels) for family in self._families)
-        self._seen = (0, 0, 0)
+        self.active, self.steps, self.rows, self.compute_us, self.request_compute_us = (
+            family.Metric(labels) for family in self._families)
+        self._seen = (0, 0, 0, 0)
         self._updated_at = 0.0
 
     def update(self, engine) -> None:
@@ -97,9 +102,10 @@ class EngineMetrics:
             return
         self._updated_at = now_s
         self.active.set(engine.active)
-        now = (engine.steps, engine.rows_decoded, int(engine.busy_seconds * 1e6))
+        now = (engine.steps, engine.rows_decoded, int(engine.busy_seconds * 1e6), int(engine.request_seconds * 1e6))
         if now != self._seen:
-            for metric, value, seen in zip((self.steps, self.rows, self.compute_us), now, self._seen):
+            for metric, value, seen in zip((self.steps, self.rows, self.compute_us, self.request_compute_us),
+                                           now, self._seen):
                 metric.increment(value - seen)
             self._seen = now
 
