@@ -88,7 +88,7 @@ def hub_tokenizer_and_model():
 
 def build(profile: str) -> None:
     progress = Progress("codegen", 3)
-    label = profile if profile == "hub" else f"demo profile, {demo_size()} GPT-J"
+    label = "hub profile" if profile == "hub" else f"demo profile, {demo_size()} GPT-J"
     with progress.step(f"tokenizer + GPT-J ({label})"):
         if profile == "hub":
             tokenizer, model = hub_tokenizer_and_model()
