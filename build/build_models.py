@@ -34,7 +34,8 @@ def main() -> int:
         if name not in PIPELINES:
             parser.error(f"unknown pipeline {name!r}; choose from {PIPELINES}")
         importlib.import_module(f"build.{name}").build(args.profile)
-    print(f"make model: {len(args.pipelines)} pipeline(s), profile {args.profile}, {time.monotonic() - start:.1f}s")
+    print(f"make model: {len(args.pipelines)} pipeline(s), profile {args.profile}, into "
+          f"{args.repository or 'model_repository'}/, {time.monotonic() - start:.1f}s")
     return 0
 
 

@@ -95,7 +95,7 @@ def build(profile: str) -> None:
         else:
             tokenizer = train_demo_tokenizer()
             model = demo_model(tokenizer, demo_size())
-    with progress.step("model + tokenizer -> model_repository/codegen_generator/1/"):
+    with progress.step("model + tokenizer -> codegen_generator/1/"):
         dest = version_dir("codegen_generator")
         model.save_pretrained(dest, safe_serialization=True)
         tokenizer.save_pretrained(dest)

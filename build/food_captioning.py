@@ -134,17 +134,17 @@ def hub_captioner():
 
 def build(profile: str) -> None:
     progress = Progress("food_captioning", 3)
-    with progress.step(f"classifier -> model_repository/food_captioning_classifier/1/ ({profile})"):
+    with progress.step(f"classifier -> food_captioning_classifier/1/ ({profile})"):
         model, image_processor = demo_classifier() if profile == "demo" else hub_classifier()
         classifier_dir = version_dir("food_captioning_classifier")
         model.save_pretrained(classifier_dir)
         image_processor.save_pretrained(classifier_dir)
-    with progress.step(f"captioner -> model_repository/food_captioning_captioner/1/ ({profile})"):
+    with progress.step(f"captioner -> food_captioning_captioner/1/ ({profile})"):
         captioner_dir = version_dir("food_captioning_captioner")
         model, processor = demo_captioner() if profile == "demo" else hub_captioner()
         model.save_pretrained(captioner_dir)
         processor.save_pretrained(captioner_dir)
-    with progress.step("image processor configs -> model_repository/food_captioning_preprocess/1/"):
+    with progress.step("image processor configs -> food_captioning_preprocess/1/"):
         preprocess_dir = version_dir("food_captioning_preprocess")
         for name, src in (("classifier", classifier_dir), ("blip", captioner_dir)):
             target = preprocess_dir / f"{name}_preprocessor_config.json"

@@ -34,9 +34,9 @@ def build(profile: str) -> None:
     with progress.step(f"locate {HUB_ID} ({profile} profile)"):
         src = source_dir(profile)
         check_pooling(src)
-    with progress.step("tokenizer -> model_repository/text_embedding_tokenizer/1/"):
+    with progress.step("tokenizer -> text_embedding_tokenizer/1/"):
         dest = version_dir("text_embedding_tokenizer")
         for name in TOKENIZER_FILES:
             (dest / name).write_bytes((src / name).read_bytes())
-    with progress.step("encoder -> model_repository/text_embedding_encoder/1/"):
+    with progress.step("encoder -> text_embedding_encoder/1/"):
         copy_tree(src, version_dir("text_embedding_encoder"))
