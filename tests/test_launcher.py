@@ -25,12 +25,13 @@ def alive(pid: int) -> bool:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_launcher_serves_then_stops_cleanly(sig, tmp_path):
-    ports = {"HTTP_PORT": free_port(), "GRPC_PORT": free_port(), "METRICS_PORT": free_port()}
-    env = dict(os.environ, **{k: str(v) for k, v in ports.items()})
+    ports = {"HTTP_PORT": free_port(), "GRPC_PORT": free_port(), "METRICS_PORT": free_port(),
+             "GATEWAY_PORT": free_port()}
+    env = dict(os.environ, LOAD_MODELS="text_embedding", DATA_DIR=str(tmp_path / "data"),
+               **{k: str(v) for k, v in ports.items()})
     shm_before = set(glob.glob(SHM_GLOB))
     log = (tmp_path / "launcher.log").open("w+")
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tools" / "triton_launcher.py"), "--",
-                             "--model-control-mode=explicit", "--load-model=text_embedding"],
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tools" / "triton_launcher.py")],
                             env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 180
@@ -40,8 +41,9 @@ def test_launcher_serves_then_stops_cleanly(sig, tmp_path):
             time.sleep(0.5)
         output = (tmp_path / "launcher.log").read_text()
         assert f"127.0.0.1:{ports['GRPC_PORT']}" in output and f"127.0.0.1:{ports['HTTP_PORT']}" in output
+        assert f"127.0.0.1:{ports['GATEWAY_PORT']}" in output
         server_and_stubs = process_tree(proc.pid)[1:]
-        assert len(server_and_stubs) >= 4, "tritonserver and the three text_embedding stubs should be running"
+        assert len(server_and_stubs) >= 5, "the gateway, tritonserver and the text_embedding stubs should be running"
         proc.send_signal(sig)
         assert proc.wait(timeout=90) == 0
     finally:

@@ -3,8 +3,11 @@ loaded on demand (explicit model control), always stopped."""
 from __future__ import annotations
 
 
+from pathlib import Path
+
 import pytest
 
+from tools.gateway_process import GatewayProcess
 from tools.triton_launcher import TritonServer, free_port
 
 
@@ -32,16 +35,49 @@ class LiveServer:
 
 
 @pytest.fixture(scope="session")
-def triton(tmp_path_factory) -> LiveServer:
+def data_dir(tmp_path_factory) -> Path:
+    """The session's DATA_DIR: the gateway's generated models (a second Triton model repository),
+    collections and state, as `data/` is for `make triton`."""
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="session")
+def triton(tmp_path_factory, data_dir) -> LiveServer:
     log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
     server = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          explicit_models=[], log_file=log)
+                          explicit_models=[], log_file=log, extra_repositories=[data_dir / "triton_models"])
     server.start(timeout=120)
     try:
         yield LiveServer(server)
     finally:
         server.stop()
 
+
+
+class LiveGateway:
+    def __init__(self, process: GatewayProcess, triton: LiveServer):
+        import httpx
+
+        self.process, self.triton, self.url = process, triton, process.url
+        self.http = httpx.Client(base_url=self.url, timeout=300)
+
+    def log_tail(self, lines: int = 80) -> str:
+        log = self.process.log_file
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log else ""
+
+
+@pytest.fixture(scope="session")
+def gateway(triton, data_dir, tmp_path_factory) -> LiveGateway:
+    """The gateway (python -m gateway) on a free port in front of the session's Triton, DATA_DIR=data_dir."""
+    log = tmp_path_factory.mktemp("gateway") / "gateway.log"
+    process = GatewayProcess(triton.grpc_url, port=free_port(), data_dir=data_dir, log_file=log)
+    process.start(timeout=180)
+    live = LiveGateway(process, triton)
+    try:
+        yield live
+    finally:
+        live.http.close()
+        process.stop()
 
 
 def concurrently(call, jobs: list) -> list:

@@ -69,9 +69,12 @@ def process_tree(pid: int) -> list[int]:
 class TritonServer:
     def __init__(self, host="127.0.0.1", http_port=8000, grpc_port=8001, metrics_port=8002,
                  model_repository=MODEL_REPOSITORY, explicit_models: list[str] | None = None,
-                 log_file: Path | None = None, extra_args: list[str] | None = None):
+                 log_file: Path | None = None, extra_args: list[str] | None = None,
+                 extra_repositories: list[Path] | None = None):
         self.host, self.http_port, self.grpc_port, self.metrics_port = host, http_port, grpc_port, metrics_port
         self.model_repository = Path(model_repository)
+        # e.g. the gateway's generated models (DATA_DIR/triton_models): Triton serves both folders
+        self.extra_repositories = [Path(p) for p in extra_repositories or []]
         self.explicit_models = explicit_models
         self.log_file = log_file
         self.extra_args = extra_args or []
@@ -98,6 +101,7 @@ class TritonServer:
         cmd = [
             str(tritonserver_binary()),
             f"--model-repository={self.model_repository}",
+            *[f"--model-repository={p}" for p in self.extra_repositories],
             f"--backend-directory={BACKENDS}",
             f"--http-address={self.host}", f"--http-port={self.http_port}",
             f"--grpc-address={self.host}", f"--grpc-port={self.grpc_port}",
@@ -111,6 +115,8 @@ class TritonServer:
 
     def start(self, timeout: float = 300.0) -> "TritonServer":
         self._shm_before = set(glob.glob(SHM_GLOB))
+        for repository in self.extra_repositories:
+            repository.mkdir(parents=True, exist_ok=True)
         out = open(self.log_file, "wb") if self.log_file else None
         self.process = subprocess.Popen(self.command(), env=server_env(), stdout=out, stderr=subprocess.STDOUT,
                                         start_new_session=True)
@@ -167,15 +173,32 @@ class TritonServer:
         self.stop()
 
 
+def shipped_models() -> list[str]:
+    """Every model folder of model_repository/: what `make triton` loads at start (explicit mode)."""
+    return sorted(p.parent.name for p in MODEL_REPOSITORY.glob("*/config.pbtxt"))
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description="Serve model_repository/ with Triton on this machine.")
+    parser = argparse.ArgumentParser(description="Serve model_repository/ with Triton and the gateway on this machine.")
     parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
     parser.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
     parser.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
     parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
+    parser.add_argument("--gateway-port", type=int, default=int(os.environ.get("GATEWAY_PORT", 8080)))
+    parser.add_argument("--data-dir", type=Path, default=Path(os.environ.get("DATA_DIR", ROOT / "data")))
+    parser.add_argument("--no-gateway", action="store_true", help="serve Triton only")
     parser.add_argument("extra", nargs="*", help="extra tritonserver arguments (after --)")
+    parser.add_argument("--load-models", default=os.environ.get("LOAD_MODELS", ""),
+                        help="comma-separated models to load at start (default: every shipped model)")
     args = parser.parse_args()
-    server = TritonServer(args.host, args.http_port, args.grpc_port, args.metrics_port, extra_args=args.extra)
+    sys.path.insert(0, str(ROOT))
+    from tools.gateway_process import GatewayProcess
+
+    data_dir = args.data_dir.resolve()
+    # Explicit model control: the shipped pipelines load at start; only the gateway loads and unloads others.
+    server = TritonServer(args.host, args.http_port, args.grpc_port, args.metrics_port, extra_args=args.extra,
+                          explicit_models=[m for m in args.load_models.split(",") if m] or shipped_models(), extra_repositories=[data_dir / "triton_models"])
+    gateway = None if args.no_gateway else GatewayProcess(server.grpc_url, args.host, args.gateway_port, data_dir)
 
     signals_seen = 0
 
@@ -187,6 +210,8 @@ def main() -> int:
             sys.exit(1)
         if signals_seen == 1:
             print(f"\ntriton: stopping (signal {signum})", flush=True)
+            if gateway is not None and gateway.process is not None:
+                gateway.process.send_signal(signal.SIGTERM)
             server.process.send_signal(signal.SIGTERM)
         else:
             os.killpg(server.process.pid, signal.SIGKILL)
@@ -195,9 +220,18 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_signal)
     print("triton: starting " + " ".join(server.command()), flush=True)
     server.start()
+    try:
+        if gateway is not None and not signals_seen:
+            gateway.start()
+    except BaseException:
+        server.stop()
+        raise
     print(f"triton: ready\n  HTTP    http://{server.http_url}\n  gRPC    {server.grpc_url}\n"
-          f"  metrics {server.metrics_url}\n  Ctrl-C stops the server", flush=True)
+          f"  metrics {server.metrics_url}" + (f"\n  gateway {gateway.url} (docs: {gateway.url}/docs)" if gateway else "")
+          + "\n  Ctrl-C stops everything", flush=True)
     code = server.process.wait()
+    if gateway is not None:
+        gateway.stop()
     server.stop()  # reaps stubs and /dev/shm regions left by a crash
     return 0 if signals_seen else code
 

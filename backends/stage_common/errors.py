@@ -1,5 +1,27 @@
+"""Errors every stage reports the same way: the client's fault (INVALID_ARG, its own request only),
+an overload (UNAVAILABLE: retry later) and internal faults (a short message with an id; the details
+go to the server log, never to the client)."""
+from __future__ import annotations
+
+import logging
+import sys
+import traceback
+import uuid
+
+_log = logging.getLogger("stage")
+if not _log.handlers:  # the stub's stderr lands in the server log
+    _handler = logging.StreamHandler(sys.stderr)
+    _handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    _log.addHandler(_handler)
+    _log.setLevel(logging.INFO)
+
+
 class BadInput(ValueError):
     """The client's input is unusable: becomes an INVALID_ARG error for that request alone."""
+
+
+class Overloaded(RuntimeError):
+    """Over capacity: becomes an UNAVAILABLE error, refused at once (the client may retry)."""
 
 
 def decode_utf8(data: bytes, what: str = "text") -> str:
@@ -7,3 +29,17 @@ def decode_utf8(data: bytes, what: str = "text") -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise BadInput(f"{what} is not valid UTF-8 (byte {e.start}: {data[e.start:e.start + 1]!r})") from None
+
+
+def check_limit(value: int, limit: int, what: str, setting: str) -> None:
+    """Refuse a request whose `what` exceeds `limit`, naming the setting that holds the limit."""
+    if value > limit:
+        raise BadInput(f"{what} is {value}, over the limit of {limit} ({setting})")
+
+
+def internal_error_message(exc: BaseException, where: str = "") -> str:
+    """Log the full error with a fresh id and return what the client may see: the id, no internals."""
+    error_id = uuid.uuid4().hex[:12]
+    _log.error("internal error %s%s: %s", error_id, f" in {where}" if where else "",
+               "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip())
+    return f"internal error (id {error_id}, see the server log)"

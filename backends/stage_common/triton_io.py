@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from stage_common.errors import BadInput, decode_utf8
+from stage_common.errors import BadInput, Overloaded, decode_utf8, internal_error_message
 
 
 def load_model_config(args: dict) -> dict:
@@ -45,12 +45,18 @@ def string_tensor(name: str, values: Sequence[str], shape: tuple[int, ...]) -> "
     return pb_utils.Tensor(name, data)
 
 
-def error_response(exc: BaseException) -> "pb_utils.InferenceResponse":
+def triton_error(exc: BaseException) -> "pb_utils.TritonError":
+    """BadInput -> INVALID_ARG with its message; Overloaded -> UNAVAILABLE; anything else -> INTERNAL
+    with an id only (the traceback goes to the server log, never to the client)."""
     if isinstance(exc, BadInput):
-        error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
-    else:
-        error = pb_utils.TritonError(f"internal error: {type(exc).__name__}: {exc}")
-    return pb_utils.InferenceResponse(output_tensors=[], error=error)
+        return pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
+    if isinstance(exc, Overloaded):
+        return pb_utils.TritonError(str(exc), pb_utils.TritonError.UNAVAILABLE)
+    return pb_utils.TritonError(internal_error_message(exc))
+
+
+def error_response(exc: BaseException) -> "pb_utils.InferenceResponse":
+    return pb_utils.InferenceResponse(output_tensors=[], error=triton_error(exc))
 
 
 def execute_batched(requests: Sequence[Any], parse: Callable[[Any], Any],

@@ -1,0 +1,37 @@
+"""The FastAPI app: settings, the Triton engine, and every router. Each component that needs start-up
+or shutdown work (model registry, collections) is opened in `lifespan`, in order, and closed in reverse."""
+from __future__ import annotations
+
+import logging
+from contextlib import AsyncExitStack, asynccontextmanager
+
+from fastapi import FastAPI
+
+from gateway import errors, prometheus
+from gateway.routers import health
+from gateway.settings import Settings
+from gateway.triton_engine import TritonEngine
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings.from_env()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        async with AsyncExitStack() as stack:
+            app.state.engine = TritonEngine(settings.triton_grpc_url, settings.request_timeout_s)
+            stack.push_async_callback(app.state.engine.close)
+            yield
+
+    app = FastAPI(title="Triton pipelines gateway", version="0.1.0", lifespan=lifespan,
+                  description="Embeddings (OpenAI-compatible and seed-001 endpoints), runtime model management, "
+                              "completions and image search, served by the Triton server beside it.")
+    app.state.settings = settings
+    errors.install(app)
+    app.state.metrics = prometheus.install(app)
+    app.include_router(health.router)
+    return app
+
+
+def configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

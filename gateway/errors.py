@@ -1,0 +1,108 @@
+"""One error type per cause, mapped to its HTTP status in one place (`install`). Every error body is
+OpenAI's shape: {"error": {"message", "type", "param", "code"}}. Unexpected exceptions become a 500
+with an id that is in the gateway's log; no traceback or internal text reaches the client."""
+from __future__ import annotations
+
+import logging
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("gateway")
+
+
+class ApiError(Exception):
+    status = 500
+    type = "internal_error"
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message, self.param, self.code = message, param, code
+
+    def headers(self) -> dict[str, str]:
+        return {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class BadRequest(ApiError):
+    status, type = 400, "invalid_request_error"
+
+
+class NotFound(ApiError):
+    status, type = 404, "not_found_error"
+
+
+class Conflict(ApiError):
+    status, type = 409, "conflict_error"
+
+
+class PayloadTooLarge(ApiError):
+    status, type = 413, "payload_too_large_error"
+
+
+class Unprocessable(ApiError):
+    status, type = 422, "invalid_request_error"
+
+
+class Unavailable(ApiError):
+    """Over capacity or not ready: the client should retry after `retry_after` seconds."""
+    status, type = 503, "service_unavailable_error"
+
+    def __init__(self, message: str, retry_after: int = 1, **kw):
+        super().__init__(message, **kw)
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+
+class UpstreamTimeout(ApiError):
+    status, type = 504, "timeout_error"
+
+
+class Internal(ApiError):
+    status, type = 500, "internal_error"
+
+
+def internal(exc: BaseException, where: str = "") -> Internal:
+    """Log `exc` with a fresh id; the client sees the id only."""
+    error_id = uuid.uuid4().hex[:12]
+    log.error("internal error %s%s", error_id, f" in {where}" if where else "", exc_info=exc)
+    return Internal(f"internal error (id {error_id}, see the gateway log)", code=error_id)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    if first.get("type") == "json_invalid":
+        return "the request body is not valid JSON", None
+    return (f"{param}: {first.get('msg', 'invalid value')}" if param else first.get("msg", "invalid request")), param
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError):
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_request: Request, exc: RequestValidationError):
+        message, param = _validation_message(exc)
+        error = BadRequest(message, param=param, code="invalid_value")
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException):
+        cls = {404: NotFound, 405: BadRequest, 413: PayloadTooLarge}.get(exc.status_code, BadRequest)
+        error = cls(str(exc.detail))
+        return JSONResponse(error.body(), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        error = internal(exc, f"{request.method} {request.url.path}")
+        return JSONResponse(error.body(), status_code=error.status)

@@ -1,0 +1,71 @@
+"""Gateway settings, read once from the environment (`make triton` passes them through)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _paths(value: str) -> tuple[Path, ...]:
+    return tuple(Path(p).expanduser().resolve() for p in value.split(os.pathsep) if p)
+
+
+def _words(value: str) -> tuple[str, ...]:
+    return tuple(w.strip().lower() for w in value.split(",") if w.strip())
+
+
+@dataclass(frozen=True)
+class Settings:
+    triton_grpc_url: str = "127.0.0.1:8001"
+    host: str = "127.0.0.1"
+    port: int = 8080
+    data_dir: Path = ROOT / "data"
+    # folders a local `model_name` may point into (symlinks out of them are refused)
+    model_roots: tuple[Path, ...] = (ROOT,)
+    max_loaded_models: int = 5
+    preload_models: tuple[str, ...] = ()  # "name" or "name|pretrained", loaded at start
+    # request bounds (each refused with a 4xx naming the setting)
+    max_inputs: int = 256  # texts or images per request
+    max_text_bytes: int = 64 * 1024
+    max_image_bytes: int = 20 * 1024 * 1024
+    max_image_megapixels: float = 50.0
+    image_url_allowlist: tuple[str, ...] = ()  # hosts `http(s)` image URLs may come from; empty: none
+    image_url_timeout_s: float = 10.0
+    model_wait_s: float = 120.0  # how long a request waits for a model that is being loaded
+    request_timeout_s: float = 300.0
+    supervisor_state_file: Path | None = None  # written by the supervisor beside Triton
+    qdrant_url: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def generated_repository(self) -> Path:
+        """Model folders generated for runtime-loaded models: Triton's second --model-repository."""
+        return self.data_dir / "triton_models"
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "Settings":
+        env = dict(os.environ if env is None else env)
+        d = cls()
+        get = env.get
+        state = get("SUPERVISOR_STATE_FILE")
+        return cls(
+            triton_grpc_url=get("TRITON_GRPC_URL", f"127.0.0.1:{get('GRPC_PORT', '8001')}"),
+            host=get("HOST", d.host),
+            port=int(get("GATEWAY_PORT", d.port)),
+            data_dir=Path(get("DATA_DIR", str(d.data_dir))).expanduser().resolve(),
+            model_roots=_paths(get("MODEL_ROOTS", "")) or d.model_roots,
+            max_loaded_models=int(get("MAX_LOADED_MODELS", d.max_loaded_models)),
+            preload_models=tuple(m.strip() for m in get("PRELOAD_MODELS", "").split(",") if m.strip()),
+            max_inputs=int(get("MAX_INPUTS", d.max_inputs)),
+            max_text_bytes=int(get("MAX_TEXT_BYTES", d.max_text_bytes)),
+            max_image_bytes=int(get("MAX_IMAGE_BYTES", d.max_image_bytes)),
+            max_image_megapixels=float(get("MAX_IMAGE_MEGAPIXELS", d.max_image_megapixels)),
+            image_url_allowlist=_words(get("IMAGE_URL_ALLOWLIST", "")),
+            image_url_timeout_s=float(get("IMAGE_URL_TIMEOUT_S", d.image_url_timeout_s)),
+            model_wait_s=float(get("MODEL_WAIT_S", d.model_wait_s)),
+            request_timeout_s=float(get("REQUEST_TIMEOUT_S", d.request_timeout_s)),
+            supervisor_state_file=Path(state) if state else None,
+            qdrant_url=get("QDRANT_URL") or None,
+        )

@@ -1,0 +1,112 @@
+"""The Triton side of the gateway: one async gRPC client (`tritonclient.grpc.aio`, nothing blocking on
+the event loop), numpy in and out, and Triton's error codes turned into the gateway's error types."""
+from __future__ import annotations
+
+import asyncio
+from typing import Mapping, Sequence
+
+import numpy as np
+import tritonclient.grpc.aio as grpcaio
+from tritonclient.grpc import InferInput, InferRequestedOutput
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+from gateway import errors
+
+
+def infer_input(name: str, array: np.ndarray) -> InferInput:
+    """A Triton input from a numpy array; str/bytes object arrays become BYTES (str sent as UTF-8)."""
+    if array.dtype == np.object_:
+        array = np.vectorize(lambda v: v.encode("utf-8") if isinstance(v, str) else v, otypes=[np.object_])(array)
+        dtype = "BYTES"
+    else:
+        dtype = np_to_triton_dtype(array.dtype)
+    tensor = InferInput(name, list(array.shape), dtype)
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def string_rows(values: Sequence[str | bytes]) -> np.ndarray:
+    """[len(values), 1] object array: one item per batch row, the layout every ensemble takes."""
+    return np.array([[v] for v in values], dtype=np.object_).reshape(len(values), 1)
+
+
+def _status(exc: InferenceServerException) -> str:
+    return str(exc.status() or "")
+
+
+def translate(exc: InferenceServerException, model: str) -> errors.ApiError:
+    """Triton's status -> the gateway's error type. INVALID_ARGUMENT is the client's fault (its message
+    is meant for users); UNAVAILABLE means over capacity; anything else is internal (logged with an id)."""
+    status, message = _status(exc), exc.message() or ""
+    if "INVALID_ARG" in status:
+        return errors.BadRequest(message, code="invalid_input")
+    if "UNAVAILABLE" in status or "RESOURCE_EXHAUSTED" in status or "exceeds maximum queue size" in message:
+        return errors.Unavailable(f"model '{model}' is over capacity, retry later", code="overloaded")
+    if "DEADLINE_EXCEEDED" in status or "timeout" in message.lower():
+        return errors.UpstreamTimeout(f"model '{model}' did not answer in time", code="timeout")
+    if "NOT_FOUND" in status or "unknown model" in message or "is not found" in message:
+        return errors.NotFound(f"model '{model}' is not loaded", code="model_not_found")
+    return errors.internal(exc, f"Triton call to '{model}'")
+
+
+class TritonEngine:
+    def __init__(self, url: str, request_timeout_s: float = 300.0):
+        self.url, self.request_timeout_s = url, request_timeout_s
+        self.client = grpcaio.InferenceServerClient(url)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def infer(self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str],
+                    timeout_s: float | None = None) -> dict[str, np.ndarray]:
+        try:
+            result = await self.client.infer(
+                model, [infer_input(name, array) for name, array in inputs.items()],
+                outputs=[InferRequestedOutput(name) for name in outputs],
+                client_timeout=timeout_s or self.request_timeout_s)
+        except InferenceServerException as exc:
+            raise translate(exc, model) from None
+        return {name: result.as_numpy(name) for name in outputs}
+
+    async def live(self) -> bool:
+        try:
+            return await self.client.is_server_live()
+        except InferenceServerException:
+            return False
+
+    async def ready(self, model: str) -> bool:
+        try:
+            return await self.client.is_model_ready(model)
+        except InferenceServerException:
+            return False
+
+    async def load(self, model: str, config: str | None = None) -> None:
+        try:
+            await self.client.load_model(model, config=config)
+        except InferenceServerException as exc:
+            raise errors.internal(exc, f"loading '{model}'") from None
+
+    async def unload(self, model: str, unload_dependents: bool = True) -> None:
+        try:
+            await self.client.unload_model(model, unload_dependents=unload_dependents)
+        except InferenceServerException as exc:
+            raise errors.internal(exc, f"unloading '{model}'") from None
+
+    async def wait_unloaded(self, model: str, timeout_s: float = 60.0) -> None:
+        """Triton's unload returns before the stubs exit: wait until the model is gone."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while await self.ready(model) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.1)
+
+    async def statistics(self, model: str = "") -> dict:
+        try:
+            return await self.client.get_inference_statistics(model, as_json=True)
+        except InferenceServerException as exc:
+            raise translate(exc, model or "*") from None
+
+    async def repository_index(self) -> list[dict]:
+        try:
+            index = await self.client.get_model_repository_index(as_json=True)
+        except InferenceServerException as exc:
+            raise errors.internal(exc, "repository index") from None
+        return list(index.get("models", []))

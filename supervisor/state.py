@@ -1,0 +1,24 @@
+"""The supervisor's published state: a small JSON file written atomically, read by the gateway's /health.
+
+{"unhealthy": {"<triton model>": "<reason>"}, "updated": <unix time>}"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+
+def write_state(path: Path, unhealthy: dict[str, str]) -> None:
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps({"unhealthy": unhealthy, "updated": time.time()}))
+    os.replace(tmp, path)
+
+
+def unhealthy_models(path: Path) -> dict[str, str]:
+    """Models the supervisor currently reports unhealthy (none if it has written nothing yet)."""
+    try:
+        return dict(json.loads(Path(path).read_text()).get("unhealthy", {}))
+    except (OSError, ValueError):
+        return {}
