@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from build.common import Progress, copy_tree, version_dir
+from build.onnx_export import export_encoder
 
 HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
@@ -30,7 +31,7 @@ def check_pooling(src: Path) -> None:
 
 
 def build(profile: str) -> None:
-    progress = Progress("text_embedding", 3)
+    progress = Progress("text_embedding", 4)
     with progress.step(f"locate {HUB_ID} ({profile} profile)"):
         src = source_dir(profile)
         check_pooling(src)
@@ -39,4 +40,8 @@ def build(profile: str) -> None:
         for name in TOKENIZER_FILES:
             (dest / name).write_bytes((src / name).read_bytes())
     with progress.step("encoder -> text_embedding_encoder/1/"):
-        copy_tree(src, version_dir("text_embedding_encoder"))
+        encoder_dir = version_dir("text_embedding_encoder")
+        copy_tree(src, encoder_dir)
+    with progress.step("encoder -> text_embedding_encoder/1/model.onnx (ONNX Runtime path)"):
+        diff = export_encoder(encoder_dir, encoder_dir / "model.onnx")
+        print(f"  model.onnx: max abs difference to torch {diff:.1e}", flush=True)

@@ -17,17 +17,16 @@ def corpus(n: int = 512, seed: int = 0) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 40))).capitalize() + "." for _ in range(n)]
 
 
-def stage_code():
+def stage_code(runtime: str = "onnx", threads: int = 1):
     """tokenizer -> encoder -> pooling as the served stages run them, one sentence per request."""
-    import torch
     from mean_pooling.pooling import mean_pool_normalize
     from text_tokenizer.tokenization import TextTokenizer
-    from transformer_encoder.encoder import TransformerEncoder
+    from transformer_encoder.encoder import make_encoder
 
     tokenizer = TextTokenizer(MODEL_REPOSITORY / "text_embedding_tokenizer" / "1" / "tokenizer.json",
                               int(parameter("text_embedding_tokenizer", "max_length")))
-    encoder = TransformerEncoder(MODEL_REPOSITORY / "text_embedding_encoder" / "1", torch.device("cpu"),
-                                 int(parameter("text_embedding_encoder", "rows_per_forward", "8")))
+    encoder = make_encoder(MODEL_REPOSITORY / "text_embedding_encoder" / "1", runtime, threads,
+                           int(parameter("text_embedding_encoder", "rows_per_forward", "8")))
 
     def process(texts: list[str]) -> None:
         encoded = tokenizer.encode_per_request([[t] for t in texts])
@@ -39,7 +38,13 @@ def stage_code():
 
 def run(ctx) -> None:
     texts = corpus()
-    limit, _, _ = in_process_limit(stage_code(), texts, (8, 16, 32, 64), max(ctx.window / 2, 1.0), "sentences/sec")
+    limit = 0.0
+    for runtime in ("onnx", "torch"):  # the limit is the best path's
+        for threads in (1, 2):
+            print(f"  in-process {runtime}, {threads} thread(s):", flush=True)
+            rate, _, _ = in_process_limit(stage_code(runtime, threads), texts, (1, 8, 32, 64),
+                                          max(ctx.window / 4, 1.0), "sentences/sec", thread_counts=(threads,))
+            limit = max(limit, rate)
     for concurrency in ((1, 32) if ctx.quick else (1, 8, 32, 64)):
         result = run_load(ctx.grpc_url, "text_embedding", text_inputs_factory(texts), concurrency,
                           ctx.window, ctx.warmup)

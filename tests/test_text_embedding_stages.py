@@ -87,11 +87,12 @@ def test_encoder_batches_requests_of_different_lengths(reference):
                                atol=1e-5)
 
 
-def test_encoder_sorts_rows_into_small_forwards_without_changing_results(tokenizer, reference):
-    from transformer_encoder.encoder import TransformerEncoder
+@pytest.mark.parametrize("runtime", ["onnx", "torch"])
+def test_encoder_sorts_rows_into_small_forwards_without_changing_results(tokenizer, reference, runtime):
+    """Both runtimes (ONNX Runtime over model.onnx, torch over the folder) equal sentence-transformers."""
+    from transformer_encoder.encoder import make_encoder
 
-    encoder = TransformerEncoder(MODEL_REPOSITORY / "text_embedding_encoder" / "1", torch.device("cpu"),
-                                 rows_per_forward=2)
+    encoder = make_encoder(MODEL_REPOSITORY / "text_embedding_encoder" / "1", runtime, threads=1, rows_per_forward=2)
     requests = tokenizer.encode_per_request([TEXTS, ["one", "two words"], TEXTS[::-1]])
     pooled = [mean_pool_normalize(h, mask) for (_, mask), h in zip(requests, encoder.encode_per_request(requests))]
     for texts, got in zip([TEXTS, ["one", "two words"], TEXTS[::-1]], pooled):

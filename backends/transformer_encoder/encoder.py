@@ -1,11 +1,16 @@
-"""A transformers encoder run once over the rows of many requests, padded together."""
+"""A transformer encoder run once over the rows of many requests, padded together.
+
+Two runtimes compute the same last hidden state: ONNX Runtime over `model.onnx` (exported and checked
+against torch by `make model`; no torch import in the stub, ~230 MiB less per instance) and torch over
+the transformers folder. `make_encoder` picks one from the model's `runtime` parameter."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
-import torch
-from transformers import AutoModel
+
+ONNX_FILE = "model.onnx"
 
 
 def pad_together(arrays: list[np.ndarray], pad_value: int = 0) -> np.ndarray:
@@ -19,17 +24,25 @@ def pad_together(arrays: list[np.ndarray], pad_value: int = 0) -> np.ndarray:
     return out
 
 
-class TransformerEncoder:
-    def __init__(self, model_dir: Path, device: torch.device, rows_per_forward: int = 8):
-        self.device, self.rows_per_forward = device, rows_per_forward
-        self.model = AutoModel.from_pretrained(str(model_dir)).to(device).eval()
-        self.hidden_size = self.model.config.hidden_size
+Forward = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
-    @torch.inference_mode()
+
+class TransformerEncoder:
+    """`forward(input_ids, attention_mask) -> [rows, len, hidden] float32` run over sorted row chunks.
+
+    `small_forward`, when given, serves executions of at most `small_rows` rows: a lone request gets
+    more threads (latency) while full batches keep one thread per instance (throughput)."""
+
+    def __init__(self, forward: Forward, hidden_size: int, rows_per_forward: int = 8,
+                 small_forward: Forward | None = None, small_rows: int = 0):
+        self.forward, self.hidden_size, self.rows_per_forward = forward, hidden_size, rows_per_forward
+        self.small_forward, self.small_rows = small_forward, small_rows
+
+    def forward_for(self, rows: int) -> Forward:
+        return self.small_forward if self.small_forward is not None and rows <= self.small_rows else self.forward
+
     def last_hidden_state(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        out = self.model(input_ids=torch.from_numpy(input_ids).to(self.device),
-                         attention_mask=torch.from_numpy(attention_mask).to(self.device))
-        return out.last_hidden_state.float().cpu().numpy()
+        return self.forward(input_ids, attention_mask)
 
     def encode_per_request(self, requests: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
         """[rows_i, len_i, hidden] token embeddings per request (zeros at padding). The rows of all
@@ -37,13 +50,14 @@ class TransformerEncoder:
         rows of about its own length: on CPU, padding waste costs more than small forwards do. A row's
         result does not depend on the rows it shares a forward with (padding is masked)."""
         rows = [row for ids, mask in requests for row in _unpad_rows(ids, mask)]
+        forward = self.forward_for(len(rows))
         order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
         hidden: list[np.ndarray] = [np.empty(0)] * len(rows)
         for start in range(0, len(order), self.rows_per_forward):
             chunk = order[start:start + self.rows_per_forward]
             ids = pad_together([rows[i][None] for i in chunk])
             mask = (np.arange(ids.shape[1])[None] < np.array([len(rows[i]) for i in chunk])[:, None])
-            out = self.last_hidden_state(ids, mask.astype(np.int64))
+            out = forward(ids, mask.astype(np.int64))
             for k, i in enumerate(chunk):
                 hidden[i] = out[k, : len(rows[i])]
         results, row = [], 0
@@ -54,6 +68,77 @@ class TransformerEncoder:
                 row += 1
             results.append(block)
         return results
+
+
+def torch_forward(model_dir: Path, device, threads: int | None = None):
+    """(forward, hidden_size) of the transformers model in `model_dir` run by torch on `device`."""
+    import torch
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(str(model_dir)).to(device).eval()
+
+    @torch.inference_mode()
+    def forward(input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        out = model(input_ids=torch.from_numpy(input_ids).to(device),
+                    attention_mask=torch.from_numpy(attention_mask).to(device))
+        return out.last_hidden_state.float().cpu().numpy()
+
+    return forward, model.config.hidden_size
+
+
+def onnx_session(path: Path, threads: int, use_cuda: bool = False, device_id: int = 0):
+    """An ONNX Runtime session with a fixed intra-op thread count (CUDA provider when asked and present)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = max(1, threads)
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    # idle pool threads must not spin: other instances and stages need the cores between executions
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    providers = ["CPUExecutionProvider"]
+    if use_cuda and "CUDAExecutionProvider" in ort.get_available_providers():
+        providers.insert(0, ("CUDAExecutionProvider", {"device_id": device_id}))
+    return ort.InferenceSession(str(path), options, providers=providers)
+
+
+def onnx_forward(model_dir: Path, threads: int, use_cuda: bool = False, device_id: int = 0):
+    """(forward, hidden_size) of `model_dir/model.onnx` (inputs input_ids, attention_mask)."""
+    session = onnx_session(Path(model_dir) / ONNX_FILE, threads, use_cuda, device_id)
+    hidden_size = session.get_outputs()[0].shape[-1]
+    if not isinstance(hidden_size, int):
+        import json
+
+        hidden_size = json.loads((Path(model_dir) / "config.json").read_text())["hidden_size"]
+
+    def forward(input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        return session.run(None, {"input_ids": input_ids, "attention_mask": attention_mask})[0]
+
+    return forward, hidden_size
+
+
+def make_encoder(model_dir: Path, runtime: str, threads: int, rows_per_forward: int = 8,
+                 gpu_device: int | None = None, small_batch_threads: int = 0,
+                 small_batch_rows: int = 0) -> TransformerEncoder:
+    """runtime "onnx" (model.onnx, ONNX Runtime) or "torch" (the transformers folder); gpu_device set
+    when Triton placed the instance on a GPU. With ONNX on CPU, `small_batch_threads` > `threads` adds a
+    second session (the same weights, ~1x the model's size more memory) for executions of at most
+    `small_batch_rows` rows."""
+    if runtime == "onnx":
+        use_cuda = gpu_device is not None
+        forward, hidden = onnx_forward(model_dir, threads, use_cuda, gpu_device or 0)
+        if not use_cuda and small_batch_threads > threads and small_batch_rows > 0:
+            small, _ = onnx_forward(model_dir, small_batch_threads)
+            return TransformerEncoder(forward, hidden, rows_per_forward, small, small_batch_rows)
+    elif runtime == "torch":
+        import torch
+
+        torch.set_num_threads(max(1, threads))
+        device = torch.device(f"cuda:{gpu_device}" if gpu_device is not None and torch.cuda.is_available() else "cpu")
+        forward, hidden = torch_forward(model_dir, device)
+    else:
+        raise ValueError(f"runtime must be 'onnx' or 'torch', not {runtime!r}")
+    return TransformerEncoder(forward, hidden, rows_per_forward)
 
 
 def _unpad_rows(values: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:

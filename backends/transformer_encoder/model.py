@@ -7,9 +7,8 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from stage_common.errors import BadInput  # noqa: E402
 from stage_common.params import config_param  # noqa: E402
-from stage_common.torch_runtime import configure_torch  # noqa: E402
 from stage_common.triton_io import execute_batched, input_array, load_model_config, version_dir  # noqa: E402
-from transformer_encoder.encoder import TransformerEncoder  # noqa: E402
+from transformer_encoder.encoder import ONNX_FILE, make_encoder  # noqa: E402
 
 
 def _parse(request):
@@ -25,9 +24,16 @@ class TritonPythonModel:
     """input_ids, attention_mask [-1] -> token_embeddings [-1, hidden] (the last hidden state)."""
 
     def initialize(self, args):
-        config = load_model_config(args)
-        self.encoder = TransformerEncoder(version_dir(args), configure_torch(args, config),
-                                          config_param(config, "rows_per_forward", int, 8))
+        config, folder = load_model_config(args), version_dir(args)
+        # `runtime`: onnx (model.onnx, built and checked by `make model`) or torch; ONNX when it exists
+        runtime = config_param(config, "runtime", str, "onnx" if (folder / ONNX_FILE).is_file() else "torch")
+        on_gpu = args.get("model_instance_kind") == "GPU"
+        self.encoder = make_encoder(folder, runtime, config_param(config, "threads", int,
+                                                                  config_param(config, "torch_threads", int, 1)),
+                                    config_param(config, "rows_per_forward", int, 8),
+                                    int(args.get("model_instance_device_id", 0)) if on_gpu else None,
+                                    config_param(config, "small_batch_threads", int, 0),
+                                    config_param(config, "small_batch_rows", int, 0))
 
     def execute(self, requests):
         return execute_batched(requests, parse=_parse, compute=self.encoder.encode_per_request,
