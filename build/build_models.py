@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from build.common import PROFILES, use_repository  # noqa: E402
 
-PIPELINES = ["text_embedding", "ner", "codegen", "food_captioning"]
+PIPELINES = ["text_embedding", "ner", "codegen", "food_captioning", "embedding_demo"]
 
 
 def main() -> int:

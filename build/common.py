@@ -22,6 +22,15 @@ def use_repository(path: Path) -> None:
     _output["repository"] = Path(path)
 
 
+def demo_models_dir() -> Path:
+    """Where demo models loaded at run time (not served from model_repository/) are built: demo_models/
+    at the repository root, or beside another output folder given with --repository."""
+    repository = _output["repository"]
+    if repository == MODEL_REPOSITORY:
+        return ROOT / "demo_models"
+    return repository.with_name(repository.name + "_demo_models")
+
+
 def version_dir(model_name: str, version: int = 1, clean: bool = True) -> Path:
     """model_repository/<model>/<version>/, emptied first so no stale artifact survives."""
     path = _output["repository"] / model_name / str(version)

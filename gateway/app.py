@@ -8,7 +8,8 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from fastapi import FastAPI
 
 from gateway import errors, prometheus
-from gateway.routers import health
+from gateway.registry import ModelRegistry
+from gateway.routers import embeddings, health, models, seed
 from gateway.settings import Settings
 from gateway.triton_engine import TritonEngine
 
@@ -21,6 +22,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         async with AsyncExitStack() as stack:
             app.state.engine = TritonEngine(settings.triton_grpc_url, settings.request_timeout_s)
             stack.push_async_callback(app.state.engine.close)
+            app.state.models = ModelRegistry(settings, app.state.engine)
+            stack.push_async_callback(app.state.models.close)
+            await app.state.models.start()
             yield
 
     app = FastAPI(title="Triton pipelines gateway", version="0.1.0", lifespan=lifespan,
@@ -29,7 +33,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     errors.install(app)
     app.state.metrics = prometheus.install(app)
-    app.include_router(health.router)
+    app.state.extra_model_ids = []  # other model families (completions) list their ids here
+    for router in (health.router, models.router, embeddings.router, seed.router):
+        app.include_router(router)
     return app
 
 

@@ -25,7 +25,7 @@ class Settings:
     # folders a local `model_name` may point into (symlinks out of them are refused)
     model_roots: tuple[Path, ...] = (ROOT,)
     max_loaded_models: int = 5
-    preload_models: tuple[str, ...] = ()  # "name" or "name|pretrained", loaded at start
+    preload_models: tuple[str, ...] = ()  # "clip:<name>[|pretrained]" or "st:<name>", loaded at start
     # request bounds (each refused with a 4xx naming the setting)
     max_inputs: int = 256  # texts or images per request
     max_text_bytes: int = 64 * 1024

@@ -198,7 +198,11 @@ def main() -> int:
     # Explicit model control: the shipped pipelines load at start; only the gateway loads and unloads others.
     server = TritonServer(args.host, args.http_port, args.grpc_port, args.metrics_port, extra_args=args.extra,
                           explicit_models=[m for m in args.load_models.split(",") if m] or shipped_models(), extra_repositories=[data_dir / "triton_models"])
-    gateway = None if args.no_gateway else GatewayProcess(server.grpc_url, args.host, args.gateway_port, data_dir)
+    gateway_env = {}
+    if "PRELOAD_MODELS" not in os.environ and (ROOT / "demo_models" / "clip-demo").is_dir():
+        gateway_env["PRELOAD_MODELS"] = "clip:demo_models/clip-demo"  # the demo CLIP, next to all-MiniLM-L6-v2
+    gateway = None if args.no_gateway else GatewayProcess(server.grpc_url, args.host, args.gateway_port, data_dir,
+                                                          env=gateway_env)
 
     signals_seen = 0
 

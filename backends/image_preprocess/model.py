@@ -5,7 +5,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from image_preprocess.preprocess import FoodImagePreprocessor  # noqa: E402
+from image_preprocess.preprocess import FoodImagePreprocessor, SingleImagePreprocessor  # noqa: E402
 from stage_common.errors import BadInput  # noqa: E402
 from stage_common.params import config_param  # noqa: E402
 from stage_common.triton_io import execute_batched, input_array, load_model_config, version_dir  # noqa: E402
@@ -19,10 +19,17 @@ def _image_rows(request) -> list[bytes]:
 
 
 class TritonPythonModel:
-    """image (TYPE_STRING [1], encoded bytes) -> classifier_pixel_values, captioner_pixel_values (FP32 [3, H, W])."""
+    """image (TYPE_STRING [1], encoded bytes) -> with a `processor_file` parameter: pixel_values (one
+    model's processor); otherwise classifier_pixel_values, captioner_pixel_values (FP32 [3, H, W])."""
 
     def initialize(self, args):
         config, folder = load_model_config(args), version_dir(args)
+        single = config_param(config, "processor_file", str, "")
+        if single:
+            self.preprocess = SingleImagePreprocessor(folder / single, config_param(config, "max_megapixels", float, 50.0))
+            self.outputs = ("pixel_values",)
+            return
+        self.outputs = ("classifier_pixel_values", "captioner_pixel_values")
         self.preprocess = FoodImagePreprocessor(
             folder / config_param(config, "classifier_processor_file", str, "classifier_preprocessor_config.json"),
             folder / config_param(config, "captioner_processor_file", str, "blip_preprocessor_config.json"),
@@ -32,5 +39,9 @@ class TritonPythonModel:
         # Decoding happens in parse: an undecodable image fails its own request only.
         return execute_batched(
             requests, parse=lambda request: self.preprocess(_image_rows(request)), compute=lambda batch: batch,
-            respond=lambda pixels, _same: [pb_utils.Tensor("classifier_pixel_values", pixels[0]),
-                                           pb_utils.Tensor("captioner_pixel_values", pixels[1])])
+            respond=lambda pixels, _same: self._tensors(pixels))
+
+    def _tensors(self, pixels):
+        if len(self.outputs) == 1:
+            return [pb_utils.Tensor(self.outputs[0], pixels)]
+        return [pb_utils.Tensor(name, values) for name, values in zip(self.outputs, pixels)]

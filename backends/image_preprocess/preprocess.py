@@ -20,3 +20,14 @@ class FoodImagePreprocessor:
         decoded = [decode_image(data, self.max_pixels) for data in images]
         return (np.stack([self.classifier(image) for image in decoded]),
                 np.stack([self.captioner(image) for image in decoded]))
+
+
+class SingleImagePreprocessor:
+    """One model's image processor (e.g. CLIP's): encoded images -> pixel_values [n, 3, H, W]."""
+
+    def __init__(self, processor_config: Path, max_megapixels: float):
+        self.max_pixels = int(max_megapixels * 1_000_000)
+        self.processor = ImageProcessor.from_file(processor_config, self.max_pixels)
+
+    def __call__(self, images: list[bytes]) -> np.ndarray:
+        return np.stack([self.processor(decode_image(data, self.max_pixels)) for data in images])

@@ -1,4 +1,4 @@
-"""The numbers of Hugging Face's slow image processors (BLIP, ViT, ConvNeXt/ResNet, MobileNet), computed
+"""The numbers of Hugging Face's slow image processors (BLIP, ViT, ConvNeXt/ResNet, MobileNet, CLIP), computed
 with Pillow and numpy in the same order and dtypes, so no torch is needed in this stage."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from stage_common.errors import BadInput
 
 FIXED_SIZE = {"BlipImageProcessor", "ViTImageProcessor"}
 SHORTEST_EDGE_CROP_PCT = {"ConvNextImageProcessor"}
-SHORTEST_EDGE_THEN_CROP = {"MobileNetV1ImageProcessor", "MobileNetV2ImageProcessor"}
+SHORTEST_EDGE_THEN_CROP = {"MobileNetV1ImageProcessor", "MobileNetV2ImageProcessor", "CLIPImageProcessor"}
 SUPPORTED = FIXED_SIZE | SHORTEST_EDGE_CROP_PCT | SHORTEST_EDGE_THEN_CROP
 
 

@@ -5,9 +5,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from mean_pooling.pooling import mean_pool_normalize  # noqa: E402
+from mean_pooling.pooling import MODES, pool  # noqa: E402
 from stage_common.errors import BadInput  # noqa: E402
-from stage_common.triton_io import execute_batched, input_array  # noqa: E402
+from stage_common.params import config_param  # noqa: E402
+from stage_common.triton_io import execute_batched, input_array, load_model_config  # noqa: E402
 
 
 def _parse(request):
@@ -18,12 +19,17 @@ def _parse(request):
 
 
 class TritonPythonModel:
-    """token_embeddings [-1, hidden], attention_mask [-1] -> embedding [hidden], L2-normalized."""
+    """token_embeddings [-1, hidden], attention_mask [-1] -> embedding [hidden]: sentence-transformers'
+    Pooling (`mode`: mean, cls, max, lasttoken; default mean), then Normalize when `normalize` (default)."""
 
     def initialize(self, args):
-        pass
+        config = load_model_config(args)
+        self.mode = config_param(config, "mode", str, "mean")
+        if self.mode not in MODES:
+            raise ValueError(f"pooling mode {self.mode!r} is not one of {MODES}")
+        self.normalize = config_param(config, "normalize", bool, True)
 
     def execute(self, requests):
         return execute_batched(requests, parse=_parse,
-                               compute=lambda batch: [mean_pool_normalize(h, m) for h, m in batch],
+                               compute=lambda batch: [pool(h, m, self.mode, self.normalize) for h, m in batch],
                                respond=lambda _inputs, pooled: [pb_utils.Tensor("embedding", pooled)])

@@ -1,0 +1,67 @@
+"""Embeddings through the registry: bounds checked first, rows sent to the model's ensemble in Triton
+requests of at most its max_batch_size (concurrently), results optionally L2-normalized."""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from gateway.errors import BadRequest, PayloadTooLarge
+from gateway.modelgen import ModelSpec
+from gateway.triton_engine import TritonEngine, string_rows
+
+
+def check_count(items: list, settings, what: str) -> None:
+    if not items:
+        raise BadRequest(f"{what} is empty", param=what)
+    if len(items) > settings.max_inputs:
+        raise BadRequest(f"{what} has {len(items)} items, over the limit of {settings.max_inputs} (MAX_INPUTS)",
+                         param=what)
+
+
+def check_texts(texts: list[str], settings, what: str = "input") -> None:
+    check_count(texts, settings, what)
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise BadRequest(f"{what}[{i}] is not a string", param=what)
+        if not text.strip():
+            raise BadRequest(f"{what}[{i}] is empty", param=what)
+        if len(text) > settings.max_text_bytes or len(text.encode("utf-8")) > settings.max_text_bytes:
+            raise PayloadTooLarge(f"{what}[{i}] is over {settings.max_text_bytes} bytes (MAX_TEXT_BYTES)", param=what)
+
+
+def l2_normalize(vectors: np.ndarray) -> np.ndarray:
+    return (vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)).astype(np.float32)
+
+
+async def run_ensemble(engine: TritonEngine, model: str, input_name: str, items: list, max_batch: int) -> np.ndarray:
+    chunks = [items[i:i + max_batch] for i in range(0, len(items), max_batch)]
+    results = await asyncio.gather(*(engine.infer(model, {input_name: string_rows(chunk)}, ["embedding"])
+                                     for chunk in chunks))
+    return np.concatenate([r["embedding"] for r in results]).astype(np.float32, copy=False)
+
+
+async def model_spec(app_state, model_name: str, pretrained: str | None = None) -> ModelSpec:
+    async with app_state.models.use(model_name, pretrained) as spec:
+        return spec
+
+
+async def embed_texts(app_state, model_name: str, texts: list[str], pretrained: str | None = None,
+                      normalize: bool = True) -> np.ndarray:
+    check_texts(texts, app_state.settings)
+    async with app_state.models.use(model_name, pretrained) as spec:
+        if not spec.text_model:
+            raise BadRequest(f"model '{model_name}' does not embed text", param="model")
+        vectors = await run_ensemble(app_state.engine, spec.text_model, "text", texts, spec.max_batch_size)
+    return l2_normalize(vectors) if normalize else vectors
+
+
+async def embed_images(app_state, model_name: str, images: list[bytes], pretrained: str | None = None,
+                       normalize: bool = True) -> np.ndarray:
+    """`images`: encoded bytes already checked by gateway.images.image_bytes."""
+    check_count(images, app_state.settings, "image")
+    async with app_state.models.use(model_name, pretrained) as spec:
+        if not spec.image_model:
+            raise BadRequest(f"model '{model_name}' does not embed images (load a CLIP model for images)", param="model")
+        vectors = await run_ensemble(app_state.engine, spec.image_model, "image", images, spec.max_batch_size)
+    return l2_normalize(vectors) if normalize else vectors

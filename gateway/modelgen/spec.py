@@ -1,0 +1,45 @@
+"""A loaded embedding model as the gateway sees it: which Triton ensembles to call and what they give."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+BUILTIN_MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    model_name: str  # as the user gave it (hub id or local path)
+    pretrained: str | None  # open_clip pretrained tag for CLIP when given
+    kind: str  # "sentence_transformer" | "clip"
+    dimension: int
+    max_tokens: int  # the tokenizer's truncation length
+    text_model: str | None  # ensemble: "text" TYPE_STRING [1] -> "embedding" FP32 [dimension]
+    image_model: str | None  # ensemble: "image" TYPE_STRING [1] (encoded bytes) -> "embedding"
+    triton_models: tuple[str, ...]  # every model folder generated for it (empty for shipped models)
+    normalized: bool  # the ensembles' output is already L2-normalized
+    tokenizer_file: str | None = None  # tokenizer.json, for counting tokens (usage)
+    max_batch_size: int = 32
+    builtin: bool = False  # shipped in model_repository/: never unloaded or deleted by the gateway
+
+    @property
+    def ensembles(self) -> tuple[str, ...]:
+        return tuple(m for m in (self.text_model, self.image_model) if m)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ModelSpec":
+        data = dict(data)
+        data["triton_models"] = tuple(data.get("triton_models", ()))
+        return cls(**data)
+
+
+def builtin_specs() -> list[ModelSpec]:
+    """Shipped models reachable by name: the real all-MiniLM-L6-v2 is the `text_embedding` ensemble."""
+    from gateway.settings import ROOT
+
+    return [ModelSpec(model_name=BUILTIN_MINILM, pretrained=None, kind="sentence_transformer", dimension=384,
+                      max_tokens=256, text_model="text_embedding", image_model=None, triton_models=(),
+                      normalized=True, max_batch_size=64, builtin=True,
+                      tokenizer_file=str(ROOT / "model_repository" / "text_embedding_tokenizer" / "1" / "tokenizer.json"))]

@@ -1,0 +1,125 @@
+"""config.pbtxt text of the generated models (parsed by the tests with Triton's own protobuf)."""
+from __future__ import annotations
+
+
+def _params(**values) -> str:
+    return "\n".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in values.items())
+
+
+def tokenizer(name: str, max_length: int, max_batch: int) -> str:
+    return f'''name: "{name}"
+backend: "text_tokenizer"
+max_batch_size: {max_batch}
+input [{{ name: "text" data_type: TYPE_STRING dims: [1] }}]
+output [
+  {{ name: "input_ids" data_type: TYPE_INT64 dims: [-1] }},
+  {{ name: "attention_mask" data_type: TYPE_INT64 dims: [-1] }}
+]
+{_params(max_length=max_length)}
+dynamic_batching {{ max_queue_delay_microseconds: 0 default_queue_policy {{ max_queue_size: 1024 }} }}
+instance_group [{{ kind: KIND_CPU count: 1 }}]
+'''
+
+
+def transformer_encoder(name: str, hidden: int, max_batch: int) -> str:
+    return f'''name: "{name}"
+backend: "transformer_encoder"
+max_batch_size: {max_batch}
+input [
+  {{ name: "input_ids" data_type: TYPE_INT64 dims: [-1] allow_ragged_batch: true }},
+  {{ name: "attention_mask" data_type: TYPE_INT64 dims: [-1] allow_ragged_batch: true }}
+]
+output [{{ name: "token_embeddings" data_type: TYPE_FP32 dims: [-1, {hidden}] }}]
+{_params(runtime="torch", threads=2, rows_per_forward=8)}
+dynamic_batching {{ max_queue_delay_microseconds: 0 default_queue_policy {{ max_queue_size: 1024 }} }}
+instance_group [{{ kind: KIND_AUTO count: 1 }}]
+'''
+
+
+def pooling(name: str, hidden: int, mode: str, normalize: bool, max_batch: int) -> str:
+    return f'''name: "{name}"
+backend: "mean_pooling"
+max_batch_size: {max_batch}
+input [
+  {{ name: "token_embeddings" data_type: TYPE_FP32 dims: [-1, {hidden}] }},
+  {{ name: "attention_mask" data_type: TYPE_INT64 dims: [-1] }}
+]
+output [{{ name: "embedding" data_type: TYPE_FP32 dims: [{hidden}] }}]
+{_params(mode=mode, normalize=str(normalize).lower())}
+dynamic_batching {{ max_queue_delay_microseconds: 0 default_queue_policy {{ max_queue_size: 1024 }} }}
+instance_group [{{ kind: KIND_CPU count: 1 }}]
+'''
+
+
+def image_preprocess(name: str, max_batch: int) -> str:
+    return f'''name: "{name}"
+backend: "image_preprocess"
+max_batch_size: {max_batch}
+input [{{ name: "image" data_type: TYPE_STRING dims: [1] }}]
+output [{{ name: "pixel_values" data_type: TYPE_FP32 dims: [3, -1, -1] }}]
+{_params(processor_file="preprocessor_config.json", max_megapixels=50)}
+dynamic_batching {{ max_queue_delay_microseconds: 0 default_queue_policy {{ max_queue_size: 1024 }} }}
+instance_group [{{ kind: KIND_CPU count: 1 }}]
+'''
+
+
+def clip_encoder(name: str, dimension: int, max_batch: int) -> str:
+    return f'''name: "{name}"
+backend: "clip_encoder"
+max_batch_size: {max_batch}
+input [
+  {{ name: "input_ids" data_type: TYPE_INT64 dims: [-1] allow_ragged_batch: true optional: true }},
+  {{ name: "attention_mask" data_type: TYPE_INT64 dims: [-1] allow_ragged_batch: true optional: true }},
+  {{ name: "pixel_values" data_type: TYPE_FP32 dims: [3, -1, -1] optional: true }}
+]
+output [{{ name: "embedding" data_type: TYPE_FP32 dims: [{dimension}] }}]
+{_params(torch_threads=2)}
+dynamic_batching {{ max_queue_delay_microseconds: 0 default_queue_policy {{ max_queue_size: 1024 }} }}
+instance_group [{{ kind: KIND_AUTO count: 1 }}]
+'''
+
+
+def _step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
+    maps = [f'input_map {{ key: "{k}" value: "{v}" }}' for k, v in inputs.items()]
+    maps += [f'output_map {{ key: "{k}" value: "{v}" }}' for k, v in outputs.items()]
+    return "    {\n      model_name: \"%s\"\n      model_version: -1\n      %s\n    }" % (model, "\n      ".join(maps))
+
+
+def _ensemble(name: str, input_name: str, dimension: int, max_batch: int, steps: list[str]) -> str:
+    joined = ",\n".join(steps)
+    return f'''name: "{name}"
+platform: "ensemble"
+max_batch_size: {max_batch}
+input [{{ name: "{input_name}" data_type: TYPE_STRING dims: [1] }}]
+output [{{ name: "embedding" data_type: TYPE_FP32 dims: [{dimension}] }}]
+ensemble_scheduling {{
+  step [
+{joined}
+  ]
+}}
+'''
+
+
+def text_ensemble(name: str, names: dict[str, str], dimension: int, max_batch: int) -> str:
+    ids = {"input_ids": "input_ids", "attention_mask": "attention_mask"}
+    return _ensemble(name, "text", dimension, max_batch, [
+        _step(names["tokenizer"], {"text": "text"}, ids),
+        _step(names["encoder"], ids, {"token_embeddings": "token_embeddings"}),
+        _step(names["pooling"], {"token_embeddings": "token_embeddings", "attention_mask": "attention_mask"},
+              {"embedding": "embedding"}),
+    ])
+
+
+def clip_text_ensemble(name: str, names: dict[str, str], dimension: int, max_batch: int) -> str:
+    ids = {"input_ids": "input_ids", "attention_mask": "attention_mask"}
+    return _ensemble(name, "text", dimension, max_batch, [
+        _step(names["tokenizer"], {"text": "text"}, ids),
+        _step(names["encoder"], ids, {"embedding": "embedding"}),
+    ])
+
+
+def clip_image_ensemble(name: str, names: dict[str, str], dimension: int, max_batch: int) -> str:
+    return _ensemble(name, "image", dimension, max_batch, [
+        _step(names["preprocess"], {"image": "image"}, {"pixel_values": "pixel_values"}),
+        _step(names["encoder"], {"pixel_values": "pixel_values"}, {"embedding": "embedding"}),
+    ])

@@ -1,0 +1,257 @@
+"""The models the gateway serves: shipped ones (always there) and runtime-loaded ones, at most
+`max_loaded_models` of the latter, least recently used evicted first (never one with requests in
+flight). A load runs once however many clients ask for it, in a task of its own (a client that goes
+away does not cancel it); requests for a model being loaded wait for it, bounded; an unload waits for
+the requests in flight. The set of loaded models is saved in DATA_DIR/models.json and restored at start."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import AsyncIterator
+
+from gateway import errors, modelgen
+from gateway.modelgen import ModelSpec
+from gateway.settings import Settings
+from gateway.triton_engine import TritonEngine
+
+log = logging.getLogger("gateway.registry")
+KINDS = ("sentence_transformer", "clip")
+Key = tuple[str, str | None]
+
+
+@dataclass(eq=False)
+class Entry:
+    key: Key
+    kind: str
+    spec: ModelSpec | None = None
+    state: str = "loading"  # loading -> ready -> unloading
+    ready: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    in_flight: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    last_used: float = field(default_factory=time.monotonic)
+
+    @property
+    def label(self) -> str:
+        return self.key[0] + (f" ({self.key[1]})" if self.key[1] else "")
+
+
+class ModelRegistry:
+    def __init__(self, settings: Settings, engine: TritonEngine):
+        self.settings, self.engine = settings, engine
+        self.repository = settings.generated_repository
+        self.builtin = {spec.model_name: spec for spec in modelgen.builtin_specs()}
+        self.entries: dict[Key, Entry] = {}
+        self._lock = asyncio.Lock()
+        self.loads_started = 0  # generate + Triton load runs, for tests and logs
+        self._tasks: set[asyncio.Task] = set()
+
+    # ---- start / stop -------------------------------------------------------------------------
+    @property
+    def state_file(self) -> Path:
+        return self.settings.data_dir / "models.json"
+
+    async def start(self) -> None:
+        """Load what was loaded before the last stop, then the PRELOAD_MODELS; failures are logged."""
+        self.repository.mkdir(parents=True, exist_ok=True)
+        wanted: list[tuple[str, str | None, str]] = []
+        try:
+            wanted += [(m["model_name"], m.get("pretrained"), m["kind"]) for m in json.loads(self.state_file.read_text())]
+        except FileNotFoundError:
+            pass
+        except (ValueError, KeyError, TypeError) as exc:
+            log.error("ignoring unreadable %s: %s", self.state_file, exc)
+        for item in self.settings.preload_models:  # "clip:<name>[|pretrained]" or "st:<name>" / "<name>"
+            prefix, sep, rest = item.partition(":")
+            kind = {"clip": "clip", "st": "sentence_transformer"}.get(prefix) if sep else None
+            name, _, pretrained = (rest if kind else item).partition("|")
+            kind = kind or "sentence_transformer"
+            if (name, pretrained or None, kind) not in wanted:
+                wanted.append((name, pretrained or None, kind))
+        for name, pretrained, kind in wanted:
+            if name in self.builtin:
+                continue
+            try:
+                await self.load(name, pretrained, kind)
+                log.info("loaded %s at start", name)
+            except errors.ApiError as exc:
+                log.error("could not load %s at start: %s", name, exc.message)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+    def _save(self) -> None:
+        models = [{"model_name": e.key[0], "pretrained": e.key[1], "kind": e.kind}
+                  for e in self.entries.values() if e.state == "ready"]
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(models, indent=1))
+        os.replace(tmp, self.state_file)
+
+    # ---- lookups --------------------------------------------------------------------------------
+    @staticmethod
+    def key(model_name: str, pretrained: str | None) -> Key:
+        return (model_name.strip(), (pretrained or "").strip() or None)
+
+    def _find(self, model_name: str, pretrained: str | None) -> Entry | ModelSpec | None:
+        if model_name in self.builtin:
+            return self.builtin[model_name]
+        key = self.key(model_name, pretrained)
+        if key in self.entries:
+            return self.entries[key]
+        if key[1] is None:  # a CLIP model loaded with a pretrained tag may be named without it
+            named = [e for k, e in self.entries.items() if k[0] == key[0]]
+            if len(named) == 1:
+                return named[0]
+        return None
+
+    def loaded(self) -> list[ModelSpec]:
+        runtime = [e.spec for e in self.entries.values() if e.state == "ready" and e.spec]
+        return list(self.builtin.values()) + runtime
+
+    async def triton_models_in_use(self) -> list[str]:
+        return [m for spec in self.loaded() if not spec.builtin or await self.engine.ready(spec.text_model)
+                for m in spec.ensembles]
+
+    # ---- use ------------------------------------------------------------------------------------
+    @asynccontextmanager
+    async def use(self, model_name: str, pretrained: str | None = None) -> AsyncIterator[ModelSpec]:
+        """The model's spec while a request uses it (an unload waits until the request is done)."""
+        found = self._find(model_name, pretrained)
+        if isinstance(found, ModelSpec):
+            yield found
+            return
+        if found is None or found.state == "unloading":
+            raise errors.NotFound(f"model '{model_name}' is not loaded", param="model", code="model_not_found")
+        if found.state == "loading":
+            await self._wait_ready(found)
+        found.in_flight += 1
+        found.idle.clear()
+        found.last_used = time.monotonic()
+        try:
+            yield found.spec
+        finally:
+            found.in_flight -= 1
+            if found.in_flight == 0:
+                found.idle.set()
+
+    async def _wait_ready(self, entry: Entry) -> ModelSpec:
+        try:
+            return await asyncio.wait_for(asyncio.shield(entry.ready), self.settings.model_wait_s)
+        except asyncio.TimeoutError:
+            raise errors.Unavailable(f"model '{entry.label}' is still loading after {self.settings.model_wait_s:g}s "
+                                     "(MODEL_WAIT_S); retry later", retry_after=5) from None
+
+    # ---- load -----------------------------------------------------------------------------------
+    async def load(self, model_name: str, pretrained: str | None, kind: str) -> tuple[ModelSpec, bool]:
+        """(spec, was_already_loaded). Concurrent loads of one model share one load."""
+        if kind not in KINDS:
+            raise errors.BadRequest(f"unknown model kind {kind!r}")
+        if model_name in self.builtin:
+            spec = self.builtin[model_name]
+            if spec.kind != kind:
+                raise errors.BadRequest(f"model '{model_name}' is a {spec.kind}, not a {kind}", param="model_name")
+            return spec, True
+        key = self.key(model_name, pretrained)
+        async with self._lock:
+            entry = self.entries.get(key)
+            if entry is not None and entry.state == "unloading":
+                raise errors.Conflict(f"model '{entry.label}' is being unloaded; load it again when that is done",
+                                      param="model_name")
+            existed = entry is not None
+            if entry is None:
+                entry = self.entries[key] = Entry(key, kind)
+                task = asyncio.get_running_loop().create_task(self._load(entry))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        if existed and entry.kind != kind:
+            raise errors.Conflict(f"model '{entry.label}' is loaded as a {entry.kind}, not a {kind}", param="model_name")
+        return await self._wait_ready(entry), existed and entry.state == "ready"
+
+    async def _load(self, entry: Entry) -> None:
+        name, pretrained = entry.key
+        try:
+            self.loads_started += 1
+            await self._make_room(entry)
+            source = await asyncio.to_thread(modelgen.resolve_source, name, pretrained, entry.kind, self.settings.model_roots)
+            spec = await asyncio.to_thread(modelgen.generate, name, pretrained, entry.kind, source, self.repository)
+            started = time.monotonic()
+            for ensemble in spec.ensembles:  # Triton loads an ensemble's composing models with it
+                await self.engine.load(ensemble)
+            log.info("model %s loaded into Triton as %s in %.1fs", entry.label, ", ".join(spec.ensembles),
+                     time.monotonic() - started)
+            entry.spec, entry.state = spec, "ready"
+            entry.idle.set()
+            self._save()
+            entry.ready.set_result(spec)
+        except BaseException as exc:  # noqa: BLE001 - every waiter gets the failure
+            self.entries.pop(entry.key, None)
+            error = exc if isinstance(exc, errors.ApiError) else errors.internal(exc, f"loading {entry.label}")
+            if not entry.ready.done():
+                entry.ready.set_exception(error)
+                entry.ready.exception()  # retrieved: no "never retrieved" warning when nobody waits
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+
+    async def _make_room(self, new: Entry) -> None:
+        while True:
+            async with self._lock:
+                others = [e for e in self.entries.values() if e is not new]
+                if len(others) < self.settings.max_loaded_models:
+                    return
+                idle = [e for e in others if e.state == "ready" and e.in_flight == 0]
+                if not idle:
+                    raise errors.Unavailable(f"{self.settings.max_loaded_models} models are loaded (MAX_LOADED_MODELS) "
+                                             "and none can be unloaded now (loading or serving requests)", retry_after=5)
+                victim = min(idle, key=lambda e: e.last_used)
+                victim.state = "unloading"
+            log.info("capacity %d reached: unloading the least recently used model %s",
+                     self.settings.max_loaded_models, victim.label)
+            await self._unload_entry(victim)
+
+    # ---- unload / delete ------------------------------------------------------------------------
+    async def unload(self, model_name: str, pretrained: str | None) -> ModelSpec:
+        if model_name in self.builtin:
+            raise errors.BadRequest(f"model '{model_name}' is shipped with the server and cannot be unloaded",
+                                    param="model_name")
+        found = self._find(model_name, pretrained)
+        if found is None or found.state == "unloading":
+            raise errors.NotFound(f"model '{model_name}' is not loaded", param="model_name", code="model_not_found")
+        if found.state == "loading":
+            await self._wait_ready(found)
+        found.state = "unloading"  # new requests get 404 from here on; those in flight finish
+        await self._unload_entry(found)
+        return found.spec
+
+    async def _unload_entry(self, entry: Entry) -> None:
+        try:
+            await asyncio.wait_for(entry.idle.wait(), self.settings.request_timeout_s)
+        except asyncio.TimeoutError:
+            log.warning("unloading %s with %d requests still in flight", entry.label, entry.in_flight)
+        for ensemble in entry.spec.ensembles:
+            await self.engine.unload(ensemble, unload_dependents=True)
+        for model in entry.spec.triton_models:  # a composing model shared by two ensembles, if any is left
+            await self.engine.unload(model)
+        self.entries.pop(entry.key, None)
+        self._save()
+        log.info("model %s unloaded", entry.label)
+
+    async def delete(self, model_name: str, pretrained: str | None, kind: str | None = None) -> None:
+        """Unload if loaded, then remove the generated folders; 404 if there is nothing to delete."""
+        if model_name in self.builtin:
+            raise errors.BadRequest(f"model '{model_name}' is shipped with the server and cannot be deleted",
+                                    param="model_name")
+        found = self._find(model_name, pretrained)
+        key = found.key if isinstance(found, Entry) else self.key(model_name, pretrained)
+        if isinstance(found, Entry):
+            await self.unload(model_name, pretrained)
+        removed = await asyncio.to_thread(modelgen.remove_generated, key[0], key[1], self.repository)
+        if not removed and found is None:
+            raise errors.NotFound(f"model '{model_name}' has no generated files to delete", param="model_name",
+                                  code="model_not_found")

@@ -1,0 +1,87 @@
+"""The seed service's endpoints (seed 001), with its request and response shapes: load, infer, unload,
+delete, list loaded models, and Triton's inference statistics."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from fastapi import APIRouter, Request
+
+from gateway.embedding import check_count, embed_images, embed_texts
+from gateway.errors import BadRequest
+from gateway.images import image_bytes
+from gateway.modelgen import ModelSpec
+from gateway.schemas import InferRequest, LoadClip, LoadSentenceTransformer, ModelRef
+
+router = APIRouter(tags=["models"])
+
+
+def describe(spec: ModelSpec) -> dict:
+    return {"model_name": spec.model_name, "pretrained": spec.pretrained, "kind": spec.kind, "dimension": spec.dimension}
+
+
+def _label(name: str, pretrained: str | None) -> str:
+    return name + (f" ({pretrained})" if pretrained else "")
+
+
+async def _load(request: Request, name: str, pretrained: str | None, kind: str) -> dict:
+    spec, already = await request.app.state.models.load(name, pretrained, kind)
+    verb = "is already loaded" if already else "loaded"
+    return {"message": f"Model {_label(name, pretrained)} {verb}.", "model": describe(spec)}
+
+
+@router.post("/load_sentence_transformer_model")
+async def load_sentence_transformer_model(body: LoadSentenceTransformer, request: Request):
+    return await _load(request, body.model_name, None, "sentence_transformer")
+
+
+@router.post("/load_clip_model")
+async def load_clip_model(body: LoadClip, request: Request):
+    return await _load(request, body.model_name, body.pretrained, "clip")
+
+
+@router.post("/unload_model")
+async def unload_model(body: ModelRef, request: Request):
+    await request.app.state.models.unload(body.model_name, body.pretrained)
+    return {"message": f"Model {_label(body.model_name, body.pretrained)} unloaded."}
+
+
+@router.post("/delete_model")
+async def delete_model(body: ModelRef, request: Request):
+    await request.app.state.models.delete(body.model_name, body.pretrained)
+    return {"message": f"Model {_label(body.model_name, body.pretrained)} deleted."}
+
+
+@router.get("/loaded_models")
+async def loaded_models(request: Request):
+    return {"models": [describe(spec) for spec in request.app.state.models.loaded()]}
+
+
+@router.post("/infer")
+async def infer(body: InferRequest, request: Request):
+    started = time.perf_counter()
+    state = request.app.state
+    if not body.text and not body.image:
+        raise BadRequest("send at least one of text or image", param="text")
+    images: list[bytes] = []
+    if body.image:
+        check_count(body.image, state.settings, "image")
+        images = list(await asyncio.gather(*(image_bytes(v, state.settings, f"image[{i}]")
+                                             for i, v in enumerate(body.image))))
+    text_vectors = image_vectors = None
+    if body.text:
+        text_vectors = await embed_texts(state, body.model_name, body.text, body.pretrained, body.normalize)
+    if images:
+        image_vectors = await embed_images(state, body.model_name, images, body.pretrained, body.normalize)
+    return {"text_embeddings": text_vectors.tolist() if text_vectors is not None else [],
+            "image_embeddings": image_vectors.tolist() if image_vectors is not None else [],
+            "processingTimeMs": round((time.perf_counter() - started) * 1000, 2)}
+
+
+@router.get("/metrics")
+async def metrics(request: Request):
+    """Triton's inference statistics for the models the gateway serves (ensembles and their steps)."""
+    state = request.app.state
+    wanted = {name for spec in state.models.loaded() for name in (spec.triton_models or spec.ensembles)}
+    stats = await state.engine.statistics()
+    return {"model_stats": [m for m in stats.get("model_stats", []) if m.get("name") in wanted]}
