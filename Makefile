@@ -8,7 +8,7 @@ METRICS_PORT ?= 8002
 TRITON_IMAGE ?= triton-pipelines:latest
 export MODEL_PROFILE HOST HTTP_PORT GRPC_PORT METRICS_PORT
 
-.PHONY: setup model triton test unit bench triton-docker clean
+.PHONY: setup model triton test unit bench sweep triton-docker clean
 
 setup:
 	@bash tools/setup.sh
@@ -35,3 +35,6 @@ triton-docker: model
 
 clean:
 	find model_repository -mindepth 3 -maxdepth 3 -path '*/[0-9]*/*' ! -name .gitkeep -exec rm -rf {} +
+
+sweep: setup model
+	@$(PY) bench/sweep.py $(SWEEP_ARGS)

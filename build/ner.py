@@ -1,7 +1,8 @@
 """Artifacts of the ner pipeline (flair ner-english-fast), all taken from one flair SequenceTagger:
 - ner_preprocess/1/char_lm.json: both char LMs' character dictionaries and text settings,
-- ner_tagger/1/: tagger weights (safetensors) + tagger_config.json, and the flair model itself
-  (ner-tagger.pt, which `SequenceTagger.load` reads: the tests compare against it),
+- ner_tagger/1/: tagger weights (safetensors) + tagger_config.json,
+- .artifacts/ner/ner-tagger.pt: the flair model itself, which `SequenceTagger.load` reads (the tests and the
+  bench compare against it). A pickle the server never needs, so it stays out of model_repository/.
 - ner_decoder/1/crf.json: tag names and the CRF transition matrix.
 """
 from __future__ import annotations
@@ -9,10 +10,22 @@ from __future__ import annotations
 import json
 import string
 
-from build.common import Progress, seed_everything, version_dir, write_json
+from pathlib import Path
+
+from build import common
+from build.common import ROOT, Progress, seed_everything, version_dir, write_json
 
 HUB_ID = "flair/ner-english-fast"
 TAGGER_FILE = "ner-tagger.pt"
+FLAIR_TAGGER = ROOT / ".artifacts" / "ner" / TAGGER_FILE  # what `make model` builds
+
+
+def reference_dir() -> Path:
+    """.artifacts/ner/, or beside another output folder given with --repository."""
+    repository = common._output["repository"]
+    if repository == common.MODEL_REPOSITORY:
+        return FLAIR_TAGGER.parent
+    return repository.with_name(repository.name + "_artifacts") / "ner"
 SEED = 2  # of the seeds tried, the one that tags the client example ("George Washington went to ...") best
 ENTITY_TYPES = ("PER", "LOC", "ORG", "MISC")
 # ner-english-fast's architecture: news-forward/backward-fast char LMs (hidden 1024, embedding 100,
@@ -92,6 +105,7 @@ def load_tagger(profile: str, dest):
     """The tagger saved in flair's format at dest/ner-tagger.pt, reloaded through flair's own loader."""
     from flair.models import SequenceTagger
 
+    dest.mkdir(parents=True, exist_ok=True)
     if profile == "hub":
         SequenceTagger.load(HUB_ID).save(dest / TAGGER_FILE)
     else:
@@ -176,9 +190,9 @@ def build(profile: str) -> None:
 
     progress = Progress("ner", 4)
     source = f"load {HUB_ID}" if profile == "hub" else "build the demo tagger"
-    with progress.step(f"{source} -> ner_tagger/1/{TAGGER_FILE}"):
+    with progress.step(f"{source} -> .artifacts/ner/{TAGGER_FILE}"):
         tagger_dir = version_dir("ner_tagger")
-        tagger = load_tagger(profile, tagger_dir)
+        tagger = load_tagger(profile, reference_dir())
         embeddings = flair_embeddings(tagger)
     with progress.step("character dictionaries -> ner_preprocess/1/char_lm.json"):
         write_json(version_dir("ner_preprocess") / "char_lm.json",

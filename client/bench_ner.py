@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 
 from perf import in_process_limit, run_load, text_inputs_factory
-from tools.model_repo import MODEL_REPOSITORY
 
 PEOPLE = ["George Washington", "Angela Merkel", "Barack Obama", "Marie Curie", "Kofi Annan", "Zoë Saldaña"]
 PLACES = ["Washington", "Berlin", "Paris", "New York", "Tokyo", "Zürich", "the United Kingdom", "Lagos"]
@@ -35,7 +34,9 @@ def flair_predict():
     from flair.data import Sentence
     from flair.models import SequenceTagger
 
-    tagger = SequenceTagger.load(MODEL_REPOSITORY / "ner_tagger" / "1" / "ner-tagger.pt").eval()
+    from build.ner import FLAIR_TAGGER
+
+    tagger = SequenceTagger.load(FLAIR_TAGGER).eval()
     return lambda texts: tagger.predict([Sentence(t) for t in texts], mini_batch_size=64)
 
 

@@ -196,6 +196,18 @@ def test_preprocess_fails_only_the_bad_requests(preprocess):
                                   first.output("captioner_pixel_values")[0])
 
 
+def test_image_over_max_image_bytes_is_refused_before_decoding(preprocess):
+    assert preprocess.max_image_bytes == 20_000_000
+    oversized = IMAGES["rgb.jpg"] + b"\0" * 20_000_000  # a valid JPEG with trailing bytes: never parsed
+    ok, refused, also_ok = preprocess.execute([image_request(IMAGES["rgb.jpg"]),
+                                               image_request(IMAGES["one_pixel.png"], oversized),
+                                               image_request(IMAGES["one_pixel.png"])])
+    assert not ok.has_error() and not also_ok.has_error()
+    assert refused.error().code() == pb.TritonError.INVALID_ARG
+    assert refused.error().message() == (f"the size of 'image' row 1 (bytes) is {len(oversized)}, over the limit of "
+                                         "20000000 (model parameter max_image_bytes)")
+
+
 def test_preprocess_rejects_non_bytes_rows(preprocess):
     (response,) = preprocess.execute([pb.InferenceRequest({"image": np.array([[1.5]], dtype=object)})])
     assert response.error().code() == pb.TritonError.INVALID_ARG

@@ -1,5 +1,5 @@
 """Live-server tier: the ner ensemble through a real tritonserver, against flair's SequenceTagger.predict
-on the same saved model."""
+on the same saved model, run on the sentences flair's SegtokSentenceSplitter makes of each text."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ from tritonclient.utils import InferenceServerException
 from model_configs import MODEL_REPOSITORY
 from string_tensors import string_rows
 from triton_fixtures import assert_invalid_argument, concurrently
-from ner_preprocess.flair_sentence import clean_text
+from ner_reference import flair_entities
 
 pytestmark = pytest.mark.integration
 
@@ -60,25 +60,14 @@ def reference():
     from flair.models import SequenceTagger
 
     torch.set_num_threads(1)
-    return SequenceTagger.load(MODEL_REPOSITORY / "ner_tagger" / "1" / "ner-tagger.pt").eval()
+    from build.ner import FLAIR_TAGGER
+
+    return SequenceTagger.load(FLAIR_TAGGER).eval()
 
 
 def expected_entities(tagger, texts: list[str]) -> list[list[tuple]]:
-    """flair's spans as (start, end, label, score), offsets mapped from flair's cleaned text to the original."""
-    from flair.data import Sentence
-
-    sentences = [Sentence(t) for t in texts]
-    short = [s for t, s in zip(texts, sentences) if len(t) < 1000]
-    tagger.predict(short, mini_batch_size=32)
-    for t, s in zip(texts, sentences):
-        if len(t) >= 1000:  # alone: in a mini-batch it would pad 31 others to its length
-            tagger.predict([s])
-    out = []
-    for text, sentence in zip(texts, sentences):
-        _, origin = clean_text(text)
-        out.append([(origin[s.start_position], origin[s.end_position - 1] + 1, s.tag, s.score)
-                    for s in sentence.get_spans("ner")])
-    return out
+    """flair's SegtokSentenceSplitter + SequenceTagger.predict on its sentences, offsets into the original."""
+    return flair_entities(tagger, texts)
 
 
 def infer(url, texts) -> list[list[dict]]:
@@ -99,7 +88,8 @@ def assert_same(texts, served, expected):
 
 def test_served_entities_equal_flair_predict(server, reference):
     assert len(SENTENCES) >= 50 and len(PARAGRAPH) == 5000
-    served = infer(server.grpc_url, SENTENCES)
+    # the paragraph alone: with the others it would exceed max_request_characters (5,000 in all)
+    served = infer(server.grpc_url, SENTENCES[:-1]) + infer(server.grpc_url, [PARAGRAPH])
     expected = expected_entities(reference, SENTENCES)
     assert_same(SENTENCES, served, expected)
     assert sum(len(s) for s in expected) >= 20 and len({e["label"] for row in served for e in row}) >= 3, \
@@ -148,8 +138,8 @@ def test_empty_and_blank_texts_give_no_entities(server):
 
 def test_text_over_the_limit_is_refused_naming_it_and_server_keeps_serving(server, reference):
     with pytest.raises(InferenceServerException) as raised:
-        infer(server.grpc_url, ["ok", "x" * 100_001])
+        infer(server.grpc_url, ["ok", "x" * 10_000])
     assert "StatusCode.INVALID_ARGUMENT" in str(raised.value.status())
-    assert "max_text_length" in raised.value.message() and "100000" in raised.value.message()
+    assert "10002, over the limit of 5000 (model parameter max_request_characters)" in raised.value.message()
     texts = ["George Washington went to Washington."]
     assert_same(texts, infer(server.grpc_url, texts), expected_entities(reference, texts))

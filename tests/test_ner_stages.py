@@ -14,9 +14,19 @@ from model_configs import MODEL_REPOSITORY, load_python_model
 from ner_decoder.spans import entities_json, spans_from_bioes
 from ner_decoder.viterbi import ViterbiDecoder
 from ner_preprocess.flair_sentence import clean_text, tokenize
-from ner_preprocess.preprocessing import NerPreprocessor
+from ner_preprocess.preprocessing import NerPreprocessor, check_request_size
+from ner_preprocess.sentences import sentence_tokens
+from ner_reference import flair_entities
+from ner_tagger.tagger import sentence_rows
+from stage_common.errors import BadInput
 
-TAGGER_FILE = MODEL_REPOSITORY / "ner_tagger" / "1" / "ner-tagger.pt"
+TAGGER_INPUTS = ("char_ids", "sentence_chars", "sentence_tokens", "token_positions", "token_count")
+LONG_TEXT = " ".join(f"In {1900 + i} the board of {org} met {person} in {city}, and nothing was decided."
+                     for i, (org, person, city) in enumerate([("Siemens AG", "Angela Merkel", "Munich"),
+                                                              ("Microsoft", "Bill Gates", "Seattle"),
+                                                              ("the United Nations", "Kofi Annan", "New York")] * 10))
+
+from build.ner import FLAIR_TAGGER as TAGGER_FILE  # noqa: E402 - the flair model, outside model_repository/
 
 STRINGS = [
     "George Washington went to Washington.", "", " ", "   ", "  leading and trailing  ",
@@ -104,7 +114,7 @@ def test_char_ids_match_flair_language_models(flair_tagger, preprocessor):
             lm = lms[direction].lm
             string = tokenized if lm.is_forward_lm else tokenized[::-1]
             expected = lm.dictionary.get_idx_for_items(list(f"{lm.document_delimiter}{string} "))
-            count = encoded["char_count"][r, d]
+            count = encoded["sentence_chars"][r, 0, d]
             assert count == len(expected)
             assert encoded["char_ids"][r, d, :count].tolist() == expected
 
@@ -113,7 +123,10 @@ def test_preprocess_pads_rows_and_never_emits_empty_tensors(preprocessor):
     encoded = preprocessor.encode(["", "  "])
     assert encoded["token_count"].tolist() == [[0], [0]]
     assert encoded["token_positions"].shape == (2, 2, 1) and encoded["token_offsets"].shape == (2, 1, 2)
-    assert encoded["char_count"].tolist() == [[2, 2], [2, 2]]  # start and end markers only
+    assert encoded["char_ids"].shape == (2, 2, 1)
+    # no sentence with a token: nothing for the tagger to run
+    assert encoded["sentence_chars"].tolist() == [[[0, 0]], [[0, 0]]]
+    assert encoded["sentence_tokens"].tolist() == [[0], [0]]
 
 
 # --- tagger ---------------------------------------------------------------------------------------
@@ -126,8 +139,9 @@ def test_char_lm_embeddings_equal_flair(flair_tagger, preprocessor, runner):
              "I ❤️ NY 🇺🇸", "...!!!", "a", "  lead  trail  ", "word " * 150]
     enc = preprocessor.encode(texts)
     with torch.no_grad():
-        ours = runner.model.char_lm_embeddings(*(torch.from_numpy(enc[k]) for k in
-                                                 ("char_ids", "char_count", "token_positions")))
+        ours = runner.model.char_lm_embeddings(torch.from_numpy(enc["char_ids"]),
+                                               torch.from_numpy(enc["sentence_chars"][:, 0]),  # one sentence each
+                                               torch.from_numpy(enc["token_positions"]))
         for r, text in enumerate(texts):
             expected, lengths = flair_tagger._prepare_tensors([Sentence(text)])
             n = int(lengths[0])
@@ -147,28 +161,58 @@ def test_segments_cover_every_row_to_its_end():
     assert plan_segments([50] * 10) == [(50, 10)]
 
 
-def test_stages_in_process_equal_flair_predict(flair_tagger, preprocessor, runner, decoder):
-    from flair.data import Sentence
-
-    texts = STRINGS + ["Barack Obama visited Paris and London last year.",
-                       "Microsoft and Google compete in the United States of America."]
+def run_stages(preprocessor, runner, decoder, texts, chars_per_forward=16000):
     encoded = preprocessor.encode(texts)
-    emissions = runner.emissions_per_request([encoded])[0]
-    got = [json.loads(row) for row in decoder.decode(texts, emissions, encoded["token_offsets"],
-                                                     encoded["token_count"])]
-    sentences = [Sentence(t) for t in texts]
-    flair_tagger.predict(sentences)
-    found = 0
-    for text, sentence, entities in zip(texts, sentences, got):
-        _, origin = clean_text(text)
-        expected = [(origin[s.start_position], origin[s.end_position - 1] + 1, s.tag)
-                    for s in sentence.get_spans("ner")]
-        assert [(e["start"], e["end"], e["label"]) for e in entities] == expected, repr(text)
-        for e, span in zip(entities, sentence.get_spans("ner")):
+    rows = sentence_rows(*(encoded[k] for k in TAGGER_INPUTS))
+    emissions = runner.emissions_per_request([rows], chars_per_forward)[0]
+    return [json.loads(row) for row in decoder.decode(texts, emissions, encoded["token_offsets"],
+                                                      encoded["sentence_tokens"], encoded["token_count"])]
+
+
+def assert_equal_to_flair(texts, got, expected):
+    for text, entities, spans in zip(texts, got, expected):
+        assert [(e["start"], e["end"], e["label"]) for e in entities] == [s[:3] for s in spans], repr(text)
+        for e, span in zip(entities, spans):
             assert e["text"] == text[e["start"]:e["end"]]
-            assert e["score"] == pytest.approx(span.score, abs=1e-5)
-        found += len(entities)
-    assert found >= 5, "the demo model should find entities"
+            assert e["score"] == pytest.approx(span[3], abs=1e-5)
+
+
+def test_stages_in_process_equal_flair_predict(flair_tagger, preprocessor, runner, decoder):
+    """Against flair's SegtokSentenceSplitter + SequenceTagger.predict on the sentences it produces."""
+    texts = STRINGS + ["Barack Obama visited Paris and London last year.",
+                       "Microsoft and Google compete in the United States of America.", LONG_TEXT]
+    got = run_stages(preprocessor, runner, decoder, texts)
+    assert_equal_to_flair(texts, got, flair_entities(flair_tagger, texts))
+    assert sum(len(e) for e in got) >= 5, "the demo model should find entities"
+
+
+def test_sentences_split_across_forwards_give_the_same_entities(flair_tagger, preprocessor, runner, decoder):
+    """A small chars_per_forward cuts one request's sentences into many forward passes: same result."""
+    texts = [LONG_TEXT, "George Washington went to Washington. Angela Merkel met Barack Obama in Berlin."]
+    got = run_stages(preprocessor, runner, decoder, texts, chars_per_forward=300)
+    assert_equal_to_flair(texts, got, flair_entities(flair_tagger, texts))
+
+
+def test_sentences_are_flair_splitter_sentences_with_original_offsets():
+    from flair.splitter import SegtokSentenceSplitter
+
+    for text in STRINGS + [LONG_TEXT, "One. Two!  Three?\n\nFour \u200bfive. ", "A\x93b. C d."]:
+        ours = sentence_tokens(text)
+        theirs = [s for s in SegtokSentenceSplitter().split(text) if len(s)]
+        assert [[t.text for t in tokens] for tokens in ours] == [[t.text for t in s] for s in theirs], repr(text)
+        for tokens in ours:
+            for t in tokens:
+                assert clean_text(text[t.start:t.end])[0] == t.text
+
+
+def test_request_and_sentence_limits_are_refused_naming_them(preprocessor):
+    assert check_request_size(["a" * 600, "b" * 400], 1000) == ["a" * 600, "b" * 400]
+    with pytest.raises(BadInput, match=r"1001, over the limit of 1000 \(model parameter max_request_characters\)"):
+        check_request_size(["a" * 600, "b" * 401], 1000)
+    bounded = NerPreprocessor(MODEL_REPOSITORY / "ner_preprocess" / "1" / "char_lm.json", max_sentence_characters=50)
+    bounded.encode(["Short one. " * 20])  # many short sentences: fine
+    with pytest.raises(BadInput, match=r"sentence 1 of 'text' row 0 .*max_sentence_characters"):
+        bounded.encode(["Short one. " + "word " * 20])
 
 
 # --- decoder --------------------------------------------------------------------------------------
@@ -260,35 +304,61 @@ def text_request(*texts):
 def test_preprocess_model_isolates_bad_requests():
     model = load_python_model("ner_preprocess")
     responses = model.execute([text_request("George went home.", ""), text_request(b"caf\xe9 latin-1"),
-                               text_request("x" * 100_001), text_request("fine")])
+                               text_request("x" * 5_001), text_request("fine"), text_request("word " * 300)])
     assert not responses[0].has_error() and not responses[3].has_error()
     assert responses[0].output("token_count").tolist() == [[4], [0]]
     assert responses[1].error().code() == fake_pb_utils.TritonError.INVALID_ARG
     assert "not valid UTF-8" in responses[1].error().message()
     assert responses[2].error().code() == fake_pb_utils.TritonError.INVALID_ARG
-    assert "100000" in responses[2].error().message() and "max_text_length" in responses[2].error().message()
+    assert "5001, over the limit of 5000 (model parameter max_request_characters)" in responses[2].error().message()
+    assert responses[4].error().code() == fake_pb_utils.TritonError.INVALID_ARG
+    assert "max_sentence_characters" in responses[4].error().message()
 
 
 def test_tagger_and_decoder_models_isolate_bad_requests(preprocessor):
     good = preprocessor.encode(["George Washington went to Washington.", ""])
     tagger = load_python_model("ner_tagger")
     bad = dict(good, token_count=np.array([[99], [0]], dtype=np.int64))
-    responses = tagger.execute([fake_pb_utils.InferenceRequest({k: good[k] for k in
-                                                                ("char_ids", "char_count", "token_positions",
-                                                                 "token_count")}),
-                                fake_pb_utils.InferenceRequest({k: bad[k] for k in
-                                                                ("char_ids", "char_count", "token_positions",
-                                                                 "token_count")})])
+    outside = dict(good, token_positions=good["token_positions"] + 1000)
+    responses = tagger.execute([fake_pb_utils.InferenceRequest({k: r[k] for k in TAGGER_INPUTS})
+                                for r in (good, bad, outside)])
     assert not responses[0].has_error()
     emissions = responses[0].output("emissions")
     assert emissions.shape == (2, 6, 19) and emissions.dtype == np.float32
     assert responses[1].error().code() == fake_pb_utils.TritonError.INVALID_ARG
+    assert responses[2].error().code() == fake_pb_utils.TritonError.INVALID_ARG
 
     decoder = load_python_model("ner_decoder")
     inputs = {"text": np.array([[b"George Washington went to Washington."], [b""]], dtype=object),
-              "emissions": emissions, "token_offsets": good["token_offsets"], "token_count": good["token_count"]}
+              "emissions": emissions, "token_offsets": good["token_offsets"],
+              "sentence_tokens": good["sentence_tokens"], "token_count": good["token_count"]}
     responses = decoder.execute([fake_pb_utils.InferenceRequest(inputs),
                                  fake_pb_utils.InferenceRequest(dict(inputs, emissions=emissions[:1]))])
     rows = [json.loads(v) for v in responses[0].output("entities").reshape(-1)]
     assert rows[1] == [] and all(isinstance(e["score"], float) for e in rows[0])
     assert responses[1].error().code() == fake_pb_utils.TritonError.INVALID_ARG
+
+
+def test_tagger_bounds_hold_for_direct_callers_and_never_refuse_what_preprocess_accepts():
+    """ner_tagger is callable on its own: its bounds (in char-LM steps) refuse more than ner_preprocess's
+    limits can produce, and never less: the worst cases preprocess accepts pass."""
+    tagger, shipped = load_python_model("ner_tagger"), load_python_model("ner_preprocess")
+    worst = ["a! " * 1666, "a!b!" * 1250, "a , b " * 833, ("x," * 498 + "x. ") * 5, "a. " * 1666,
+             "\u200ba! " * 1250, "I ! " * 1250, "Go! " * 1250]
+    ratios = []
+    for text in worst:
+        assert len(text) <= 5000
+        try:
+            encoded = shipped.preprocessor.encode(check_request_size([text], shipped.max_request_characters))
+        except BadInput:
+            continue
+        rows = tagger._parse(fake_pb_utils.InferenceRequest({k: encoded[k] for k in TAGGER_INPUTS}))  # accepted
+        ratios.append(sum(len(s.char_ids[0]) for s in rows.sentences) / len(text))
+    assert len(ratios) >= 3 and max(ratios) > 1.6, ratios  # costly cases were among them
+    unbounded = NerPreprocessor(MODEL_REPOSITORY / "ner_preprocess" / "1" / "char_lm.json")
+    long_sentence = unbounded.encode(["word " * 420])  # 2,100 characters: ner_preprocess refuses it
+    with pytest.raises(BadInput, match="max_sentence_lm_characters"):
+        tagger._parse(fake_pb_utils.InferenceRequest({k: long_sentence[k] for k in TAGGER_INPUTS}))
+    many = unbounded.encode(["Short sentence here. " * 800])  # 16,800 characters
+    with pytest.raises(BadInput, match="max_request_lm_characters"):
+        tagger._parse(fake_pb_utils.InferenceRequest({k: many[k] for k in TAGGER_INPUTS}))

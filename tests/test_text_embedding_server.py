@@ -50,10 +50,14 @@ def test_served_embeddings_equal_sentence_transformers(server, reference):
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
 
 
-def test_one_megabyte_string_is_truncated_like_sentence_transformers(server, reference):
-    text = ("lorem ipsum dolor sit amet " * 40000)[:1_000_000]
+def test_text_at_the_byte_limit_is_truncated_like_sentence_transformers_one_byte_more_is_refused(server, reference):
+    text = ("lorem ipsum dolor sit amet " * 4000)[:100_000]  # max_text_bytes
     np.testing.assert_allclose(embed(server.grpc_url, [text])[0],
                                reference.encode([text], normalize_embeddings=True)[0], atol=1e-5)
+    with pytest.raises(InferenceServerException) as raised:
+        embed(server.grpc_url, [text + "x"])
+    assert "INVALID_ARGUMENT" in str(raised.value.status())
+    assert "100001, over the limit of 100000 (model parameter max_text_bytes)" in raised.value.message()
 
 
 def test_batch_of_one_and_batch_of_64(server, reference):

@@ -99,3 +99,59 @@ def test_encoder_sorts_rows_into_small_forwards_without_changing_results(tokeniz
         np.testing.assert_allclose(got, reference.encode(texts, normalize_embeddings=True), atol=1e-5)
     hidden = encoder.encode_per_request(requests[1:2])[0]
     assert not hidden[0, requests[1][1][0].sum():].any(), "padding positions are zero"
+
+
+def long_texts(seed: int = 0) -> list[str]:
+    """Texts far over 256 tokens: words, punctuation, accents, CJK, emoji, tabs and runs of spaces, and
+    edge cases around the prefix the tokenizer reads first."""
+    import random
+
+    rnd = random.Random(seed)
+    words = ["word", "Ünïcödé", "naïve", "東京", "🙂", "don't", "U.S.A.", "e\u0301cole", "ΣΊΣΥΦΟΣ", "x" * 120,
+             "\u0301", "\t", "  ", "\u00a0", "a\x1cb", "...", "antidisestablishmentarianism"]
+    texts = [" ".join(rnd.choice(words) for _ in range(rnd.randint(300, 3000))) for _ in range(40)]
+    texts += ["word " * 254, "word " * 253 + "two words", "東京" * 3000, "a" * 9000 + " b",
+              "\u0301 " * 5000 + "word " * 300, "x" * 50_000]
+    return texts
+
+
+def test_long_texts_tokenized_from_a_prefix_equal_sentence_transformers(tokenizer, reference):
+    """The prefix shortcut is exact: equal to sentence-transformers' full tokenization + truncation."""
+    texts = long_texts()
+    assert tokenizer.prefix_chars == 16 * 256
+    ids, mask = tokenizer.encode(texts)
+    expected = reference.tokenize(texts)
+    np.testing.assert_array_equal(ids, expected["input_ids"].numpy())
+    np.testing.assert_array_equal(mask, expected["attention_mask"].numpy())
+    small = TextTokenizer(MODEL_REPOSITORY / "text_embedding_tokenizer" / "1" / "tokenizer.json", 256, prefix_chars=300)
+    np.testing.assert_array_equal(small.encode(texts)[0], ids)  # many doublings: still exact
+
+
+def test_a_long_text_costs_a_prefix_not_the_whole_text(tokenizer, monkeypatch):
+    seen = []
+    encode_batch = tokenizer.tokenizer.encode_batch
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(encode_batch.__self__, name)
+
+        def encode_batch(self, texts):
+            seen.extend(len(t) for t in texts)
+            return encode_batch(texts)
+
+    monkeypatch.setattr(tokenizer, "tokenizer", Spy())
+    tokenizer.encode(["word " * 20_000])
+    assert seen and max(seen) <= tokenizer.prefix_chars
+
+
+def test_text_over_max_text_bytes_is_refused_before_decoding():
+    tok = load_python_model("text_embedding_tokenizer")
+    assert tok.max_text_bytes == 100_000
+    good = pb.InferenceRequest({"text": np.array([[b"fine"]], dtype=object)})
+    huge = pb.InferenceRequest({"text": np.array([[b"ok"], [b"\xff" * 5_000_000]], dtype=object)})
+    first, second, third = tok.execute([good, huge, good])
+    assert not first.has_error() and not third.has_error()
+    assert second.error().code() == pb.TritonError.INVALID_ARG
+    # the size is checked first: these bytes are not even UTF-8
+    assert second.error().message() == ("the size of 'text' row 1 (bytes) is 5000000, over the limit of 100000 "
+                                        "(model parameter max_text_bytes)")

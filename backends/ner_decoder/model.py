@@ -11,11 +11,12 @@ from stage_common.triton_io import (execute_batched, input_array, load_model_con
 
 def _parse(request):
     return (text_rows(request, "text"), input_array(request, "emissions"), input_array(request, "token_offsets"),
-            input_array(request, "token_count"))
+            input_array(request, "sentence_tokens"), input_array(request, "token_count"))
 
 
 class TritonPythonModel:
-    """text [1], emissions [-1, tags], token_offsets [-1, 2], token_count [1] -> entities (TYPE_STRING [1]):
+    """text [1], emissions [-1, tags], token_offsets [-1, 2], sentence_tokens [-1], token_count [1] -> entities
+    (TYPE_STRING [1]):
     a JSON array of {text, label, start, end, score} per row, offsets into the original text."""
 
     def initialize(self, args):
@@ -29,8 +30,8 @@ class TritonPythonModel:
             respond=lambda inputs, rows: [string_tensor("entities", rows, (len(rows), 1))],
         )
 
-    def _decode(self, texts, emissions, offsets, counts):
+    def _decode(self, texts, emissions, offsets, sentence_tokens, counts):
         try:
-            return self.decoder.decode(texts, emissions, offsets, counts)
+            return self.decoder.decode(texts, emissions, offsets, sentence_tokens, counts)
         except Exception as exc:  # noqa: BLE001 - reported to this request alone
             return exc

@@ -5,39 +5,47 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from ner_tagger.tagger import NerTaggerRunner  # noqa: E402
-from stage_common.errors import BadInput  # noqa: E402
+from ner_tagger.tagger import Bounds, NerTaggerRunner, sentence_rows  # noqa: E402
+from stage_common.params import config_param  # noqa: E402
 from stage_common.torch_runtime import configure_torch  # noqa: E402
 from stage_common.triton_io import execute_batched, input_array, load_model_config, version_dir  # noqa: E402
 
-INPUTS = ("char_ids", "char_count", "token_positions", "token_count")
-
-
-def _parse(request):
-    inputs = {name: input_array(request, name) for name in INPUTS}
-    rows = {name: a.shape[0] for name, a in inputs.items()}
-    if len(set(rows.values())) != 1:
-        raise BadInput(f"inputs disagree on the number of rows: {rows}")
-    chars, counts = inputs["char_ids"].shape[2], inputs["char_count"]
-    if counts.size and (counts.min() < 1 or counts.max() > chars):
-        raise BadInput(f"char_count must be within 1..{chars}")
-    if (inputs["token_positions"] < 0).any() or (inputs["token_positions"] >= chars).any():
-        raise BadInput(f"token_positions must be within 0..{chars - 1}")
-    tokens = inputs["token_positions"].shape[2]
-    if (inputs["token_count"] < 0).any() or (inputs["token_count"] > tokens).any():
-        raise BadInput(f"token_count must be within 0..{tokens}")
-    return inputs
+INPUTS = ("char_ids", "sentence_chars", "sentence_tokens", "token_positions", "token_count")
 
 
 class TritonPythonModel:
-    """char_ids [2, -1], char_count [2], token_positions [2, -1], token_count [1] (TYPE_INT64)
-    -> emissions (TYPE_FP32 [-1, tags]); the rows of all batched requests run in one forward pass."""
+    """char_ids [2, -1], sentence_chars [-1, 2], sentence_tokens [-1], token_positions [2, -1], token_count [1]
+    (TYPE_INT64) -> emissions (TYPE_FP32 [-1, tags]); every sentence of every batched request is a row of
+    the same forward passes."""
 
     def initialize(self, args):
         config = load_model_config(args)
         device = configure_torch(args, config)
         self.runner = NerTaggerRunner(version_dir(args), device)
+        self.chars_per_forward = config_param(config, "chars_per_forward", int, 16000)
+        self.bounds = Bounds(config_param(config, "max_request_lm_characters", int, 15000),
+                             config_param(config, "max_sentence_lm_characters", int, 2001))
+
+    def _parse(self, request):
+        return sentence_rows(*(input_array(request, name) for name in INPUTS), self.bounds)
 
     def execute(self, requests):
-        return execute_batched(requests, parse=_parse, compute=self.runner.emissions_per_request,
-                               respond=lambda _inputs, emissions: [pb_utils.Tensor("emissions", emissions)])
+        return execute_batched(
+            requests, parse=self._parse,
+            compute=self._emissions,
+            respond=lambda _inputs, emissions: [pb_utils.Tensor("emissions", emissions)])
+
+    def _emissions(self, batch):
+        try:
+            return self.runner.emissions_per_request(batch, self.chars_per_forward)
+        except Exception:  # noqa: BLE001
+            if len(batch) == 1:
+                raise
+        # something in one request broke the shared forward: run each alone, so that only it fails
+        results = []
+        for request in batch:
+            try:
+                results.append(self.runner.emissions_per_request([request], self.chars_per_forward)[0])
+            except Exception as exc:  # noqa: BLE001
+                results.append(exc)
+        return results

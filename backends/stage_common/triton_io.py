@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from stage_common.errors import BadInput, Overloaded, decode_utf8, internal_error_message
+from stage_common.errors import BadInput, Overloaded, check_limit, decode_utf8, internal_error_message
 
 
 def load_model_config(args: dict) -> dict:
@@ -33,11 +33,14 @@ def input_array(request, name: str, optional: bool = False) -> np.ndarray | None
     return tensor.as_numpy()
 
 
-def text_rows(request, name: str) -> list[str]:
-    """A [batch, 1] TYPE_STRING input as one str per row; invalid UTF-8 is the client's error."""
-    array = input_array(request, name)
-    return [decode_utf8(v if isinstance(v, bytes) else str(v).encode(), f"'{name}' row {i}")
-            for i, v in enumerate(array.reshape(-1))]
+def text_rows(request, name: str, max_bytes: int | None = None, setting: str = "") -> list[str]:
+    """A [batch, 1] TYPE_STRING input as one str per row; invalid UTF-8 is the client's error. With
+    `max_bytes`, a longer row is refused before it is decoded, naming `setting`."""
+    rows = [v if isinstance(v, bytes) else str(v).encode() for v in input_array(request, name).reshape(-1)]
+    if max_bytes is not None:
+        for i, data in enumerate(rows):
+            check_limit(len(data), max_bytes, f"the size of '{name}' row {i} (bytes)", setting)
+    return [decode_utf8(data, f"'{name}' row {i}") for i, data in enumerate(rows)]
 
 
 def string_tensor(name: str, values: Sequence[str], shape: tuple[int, ...]) -> "pb_utils.Tensor":

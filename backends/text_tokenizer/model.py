@@ -17,11 +17,12 @@ class TritonPythonModel:
         config = load_model_config(args)
         self.tokenizer = TextTokenizer(version_dir(args) / config_param(config, "tokenizer_file", str, "tokenizer.json"),
                                        config_param(config, "max_length", int))
+        self.max_text_bytes = config_param(config, "max_text_bytes", int, 100_000)
 
     def execute(self, requests):
         return execute_batched(
             requests,
-            parse=lambda request: text_rows(request, "text"),
+            parse=lambda request: text_rows(request, "text", self.max_text_bytes, "model parameter max_text_bytes"),
             compute=self.tokenizer.encode_per_request,
             respond=lambda _texts, encoded: [pb_utils.Tensor("input_ids", encoded[0]),
                                              pb_utils.Tensor("attention_mask", encoded[1])],

@@ -1,0 +1,53 @@
+"""Closed-loop HTTP load (the HTTP twin of client/perf.py's gRPC `run_load`): `concurrency` clients
+each send their next request as soon as the last returns; every request that ends inside the window
+counts. Used for the gateway and for the FastAPI peer, so both are measured the same way."""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable
+
+import httpx
+
+from perf import LoadResult
+
+BodyFactory = Callable[[], dict]  # a fresh JSON body for one request
+
+
+async def _closed_loop(url: str, make_body: BodyFactory, concurrency: int, warmup: float,
+                       window: float) -> tuple[list[float], int, str]:
+    latencies: list[float] = []
+    errors = 0
+    first_error = ""
+    start = time.perf_counter()
+    measure_from, measure_to = start + warmup, start + warmup + window
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+        async def worker():
+            nonlocal errors, first_error
+            while True:
+                t0 = time.perf_counter()
+                if t0 >= measure_to:
+                    return
+                try:
+                    response = await client.post(url, json=make_body())
+                    ok = response.status_code == 200
+                    if not ok:
+                        first_error = first_error or f"HTTP {response.status_code}: {response.text[:200]}"
+                except httpx.HTTPError as e:
+                    ok, first_error = False, first_error or f"{type(e).__name__}: {e}"
+                t1 = time.perf_counter()
+                if measure_from <= t1 <= measure_to:
+                    if ok:
+                        latencies.append(t1 - t0)
+                    else:
+                        errors += 1
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return latencies, errors, first_error
+
+
+def run_http_load(url: str, make_body: BodyFactory, concurrency: int, window: float = 10.0, warmup: float = 2.0,
+                  label: str = "http", rows_per_request: int = 1) -> LoadResult:
+    latencies, errors, first_error = asyncio.run(_closed_loop(url, make_body, concurrency, warmup, window))
+    return LoadResult(label, concurrency, window, latencies, errors, rows_per_request, first_error, {})

@@ -1,0 +1,253 @@
+"""`make sweep`: each pipeline under seed 004's configuration matrix (dynamic batching on/off x instance
+count 1/2 x max batch size x torch/ONNX Runtime where the stage has both), at concurrency 1, 8, 32,
+next to the FastAPI peer and the in-process limit measured in the same run. Writes
+bench-results/<date>/report.md (tables: req/s, p50/p95, served/limit, served/peer, RSS) and PNG plots.
+
+    python bench/sweep.py --pipelines text_embedding --window 5
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "backends"), str(ROOT / "client"), str(ROOT / "bench")]
+
+from google.protobuf import json_format  # noqa: E402
+
+from bench import memory_mib  # noqa: E402
+from http_load import run_http_load  # noqa: E402
+from perf import in_process_limit, run_load, text_inputs_factory  # noqa: E402
+from tools.model_repo import parse_config  # noqa: E402
+from tools.triton_launcher import TritonServer, free_port  # noqa: E402
+
+CONCURRENCY = (1, 8, 32)
+
+
+@dataclass(frozen=True)
+class Variant:
+    dynamic_batching: bool
+    instances: int
+    max_batch: int
+    runtime: str  # "onnx" | "torch" | "" (the stage has one runtime)
+
+    @property
+    def name(self) -> str:
+        return (f"{'db' if self.dynamic_batching else 'nodb'}-i{self.instances}-b{self.max_batch}"
+                + (f"-{self.runtime}" if self.runtime else ""))
+
+
+@dataclass
+class Pipeline:
+    ensemble: str
+    stage: str  # the model whose instances and runtime vary
+    input_name: str
+    items: callable
+    peer_path: str
+    peer_body: callable
+    runtimes: tuple[str, ...] = ("",)
+    limit: callable = None  # () -> items/s of the best in-process path
+
+
+def _text_embedding() -> Pipeline:
+    from bench_text_embedding import corpus, stage_code
+
+    def limit() -> float:
+        best = 0.0
+        for runtime, threads in itertools.product(("onnx", "torch"), (1, 2)):
+            rate, _, _ = in_process_limit(stage_code(runtime, threads), corpus(), (1, 32, 64), 2.0, "sentences/s",
+                                          thread_counts=(threads,))
+            best = max(best, rate)
+        return best
+
+    return Pipeline("text_embedding", "text_embedding_encoder", "text", corpus, "/embed",
+                    lambda item: {"texts": [item]}, ("onnx", "torch"), limit)
+
+
+def _ner() -> Pipeline:
+    from bench_ner import corpus, flair_predict
+
+    return Pipeline("ner", "ner_tagger", "text", corpus, "/ner", lambda item: {"texts": [item]}, ("",),
+                    lambda: in_process_limit(flair_predict(), corpus(), (64,), 6.0, "sentences/s")[0])
+
+
+def _food() -> Pipeline:
+    import base64
+
+    from bench_food_captioning import photos, stage_code
+
+    return Pipeline("food_captioning", "food_captioning_classifier", "image", photos, "/caption",
+                    lambda item: {"images": [base64.b64encode(item).decode()]}, ("",),
+                    lambda: in_process_limit(stage_code(), photos(), (1, 8, 16), 3.0, "images/s")[0])
+
+
+PIPELINES = {"text_embedding": _text_embedding, "ner": _ner, "food_captioning": _food}
+
+
+def config_json(model: str, variant: Variant, vary_instances: bool) -> str:
+    config = json_format.MessageToDict(parse_config(model), preserving_proto_field_name=True)
+    config["max_batch_size"] = variant.max_batch
+    if config.get("platform") == "ensemble":
+        return json.dumps(config)
+    if variant.dynamic_batching:
+        config["dynamic_batching"] = {**config.get("dynamic_batching", {}), "max_queue_delay_microseconds": 0}
+    else:
+        config.pop("dynamic_batching", None)
+    if vary_instances:
+        config["instance_group"] = [{**config["instance_group"][0], "count": variant.instances}]
+        if variant.runtime:
+            config.setdefault("parameters", {})["runtime"] = {"string_value": variant.runtime}
+    return json.dumps(config)
+
+
+def load_variant(client, pipeline: Pipeline, variant: Variant) -> None:
+    steps = [s.model_name for s in parse_config(pipeline.ensemble).ensemble_scheduling.step]
+    for step in steps:
+        client.load_model(step, config=config_json(step, variant, step == pipeline.stage))
+    client.load_model(pipeline.ensemble, config=config_json(pipeline.ensemble, variant, False))
+
+
+def unload(client, pipeline: Pipeline) -> None:
+    client.unload_model(pipeline.ensemble, unload_dependents=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any(client.is_model_ready(s.model_name) for s in
+                                              parse_config(pipeline.ensemble).ensemble_scheduling.step):
+        time.sleep(0.3)
+
+
+def run_peer(pipeline_name: str, pipeline: Pipeline, items: list, window: float, warmup: float) -> dict[int, object]:
+    port = free_port()
+    process = subprocess.Popen([sys.executable, str(ROOT / "bench" / "peer_fastapi.py"), "--port", str(port),
+                                "--pipeline", pipeline_name], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        import httpx
+
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/docs", timeout=2)
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise RuntimeError("the FastAPI peer did not start")
+                time.sleep(0.5)
+        cycle = itertools.cycle(items)
+        for _ in range(3):  # first calls load kernels and caches: not part of any measurement
+            httpx.post(f"http://127.0.0.1:{port}{pipeline.peer_path}", json=pipeline.peer_body(next(cycle)), timeout=300)
+        results = {}
+        for c in CONCURRENCY:
+            results[c] = run_http_load(f"http://127.0.0.1:{port}{pipeline.peer_path}", lambda: pipeline.peer_body(next(cycle)),
+                                       c, window, warmup, label="peer")
+            print(f"  peer c{c}: {results[c].throughput:.1f}/s p50 {results[c].percentile(50) * 1e3:.1f} ms", flush=True)
+        return results
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def plot(rows: list[dict], peer: dict, pipeline: str, out_dir: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted({r["variant"] for r in rows})
+    files = []
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name in names:
+        mine = sorted((r for r in rows if r["variant"] == name), key=lambda r: r["concurrency"])
+        ax.plot([r["concurrency"] for r in mine], [r["rps"] for r in mine], marker="o", label=name)
+    ax.plot(list(peer), [p.throughput for p in peer.values()], marker="s", linestyle="--", color="black", label="FastAPI peer")
+    ax.set(xlabel="concurrency", ylabel="requests/s", title=f"{pipeline}: throughput vs concurrency", xscale="log")
+    ax.legend(fontsize=7)
+    files.append(f"{pipeline}_throughput.png")
+    fig.savefig(out_dir / files[-1], dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name in names:
+        mine = sorted((r for r in rows if r["variant"] == name), key=lambda r: r["concurrency"])
+        ax.plot([r["rps"] for r in mine], [r["p95_ms"] for r in mine], marker="o", label=name)
+    ax.plot([p.throughput for p in peer.values()], [p.percentile(95) * 1e3 for p in peer.values()], marker="s",
+            linestyle="--", color="black", label="FastAPI peer")
+    ax.set(xlabel="requests/s", ylabel="p95 latency (ms)", title=f"{pipeline}: latency vs throughput", yscale="log")
+    ax.legend(fontsize=7)
+    files.append(f"{pipeline}_latency.png")
+    fig.savefig(out_dir / files[-1], dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return files
+
+
+def sweep_pipeline(name: str, args, out_dir: Path) -> str:
+    import tritonclient.grpc as grpcclient
+
+    pipeline = PIPELINES[name]()
+    items = pipeline.items()
+    print(f"=== {name}: in-process limit", flush=True)
+    limit = pipeline.limit()
+    print(f"=== {name}: FastAPI peer", flush=True)
+    peer = run_peer(name, pipeline, items, args.window, args.warmup)
+    variants = [Variant(db, inst, mb, rt) for db, inst, mb, rt in
+                itertools.product((True, False), (1, 2), (8, 64), pipeline.runtimes)]
+    if args.quick:
+        variants = variants[:2]
+    rows = []
+    log = out_dir / f"{name}_tritonserver.log"
+    with TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), explicit_models=[],
+                      log_file=log) as server:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        for variant in variants:
+            load_variant(client, pipeline, variant)
+            for c in CONCURRENCY:
+                result = run_load(server.grpc_url, pipeline.ensemble, text_inputs_factory(items, pipeline.input_name),
+                                  c, args.window, args.warmup)
+                rss, _, _ = memory_mib(server.process.pid)
+                rows.append({"variant": variant.name, "concurrency": c, "rps": result.throughput,
+                             "p50_ms": result.percentile(50) * 1e3, "p95_ms": result.percentile(95) * 1e3,
+                             "errors": result.errors, "rss_mib": rss})
+                print(f"  {variant.name} c{c}: {result.throughput:.1f}/s p50 {rows[-1]['p50_ms']:.1f} ms "
+                      f"p95 {rows[-1]['p95_ms']:.1f} ms", flush=True)
+            unload(client, pipeline)
+    plots = plot(rows, peer, name, out_dir)
+    best = {c: max((r for r in rows if r["concurrency"] == c), key=lambda r: r["rps"]) for c in CONCURRENCY}
+    lines = [f"## {name}", "", f"In-process limit (best path): {limit:.1f} items/s. FastAPI peer: "
+             + ", ".join(f"c{c} {p.throughput:.1f}/s p50 {p.percentile(50) * 1e3:.1f} ms" for c, p in peer.items()), "",
+             "| configuration | concurrency | req/s | p50 ms | p95 ms | served/limit | served/peer | RSS MiB | errors |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['variant']} | {r['concurrency']} | {r['rps']:.1f} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} | "
+                     f"{r['rps'] / limit:.2f} | {r['rps'] / max(peer[r['concurrency']].throughput, 1e-9):.2f} | "
+                     f"{r['rss_mib']:.0f} | {r['errors']} |")
+    lines += ["", "Best configuration per concurrency: " + ", ".join(
+        f"c{c}: {b['variant']} ({b['rps']:.1f}/s)" for c, b in best.items()), ""]
+    lines += [f"![{p}]({p})" for p in plots] + [""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pipelines", nargs="*", default=list(PIPELINES), choices=list(PIPELINES))
+    parser.add_argument("--window", type=float, default=5.0)
+    parser.add_argument("--warmup", type=float, default=1.5)
+    parser.add_argument("--quick", action="store_true", help="two configurations only (smoke run)")
+    args = parser.parse_args()
+    out_dir = ROOT / "bench-results" / datetime.date.today().isoformat()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sections = [sweep_pipeline(name, args, out_dir) for name in args.pipelines]
+    report = out_dir / "report.md"
+    report.write_text(f"# make sweep, {datetime.datetime.now():%Y-%m-%d %H:%M}\n\nWindow {args.window:g} s per point "
+                      f"(warm-up {args.warmup:g} s), one run on this machine. Configurations: dynamic batching "
+                      "(db: on, queue delay 0; nodb: off) x instances of the main stage x max batch size x runtime.\n\n"
+                      + "\n".join(sections))
+    print(f"sweep: wrote {report}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
