@@ -67,10 +67,21 @@ class LiveGateway:
 
 
 @pytest.fixture(scope="session")
-def gateway(triton, data_dir, tmp_path_factory) -> LiveGateway:
+def extra_model_root(tmp_path_factory) -> Path:
+    """A second allowed model root (MODEL_ROOTS) where tests put model copies of their own."""
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def gateway(triton, data_dir, extra_model_root, tmp_path_factory) -> LiveGateway:
     """The gateway (python -m gateway) on a free port in front of the session's Triton, DATA_DIR=data_dir."""
+    import os
+
+    from tools.triton_launcher import ROOT
+
     log = tmp_path_factory.mktemp("gateway") / "gateway.log"
-    process = GatewayProcess(triton.grpc_url, port=free_port(), data_dir=data_dir, log_file=log)
+    process = GatewayProcess(triton.grpc_url, port=free_port(), data_dir=data_dir, log_file=log,
+                             env={"MODEL_ROOTS": os.pathsep.join([str(ROOT), str(extra_model_root)])})
     process.start(timeout=180)
     live = LiveGateway(process, triton)
     try:
