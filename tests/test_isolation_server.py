@@ -143,7 +143,8 @@ def test_short_ner_request_is_not_held_behind_the_longest_allowed_one(triton):
           f"short {short_took * 1000:.0f} ms, long {long_took * 1000:.0f} ms")
     assert same_entities(long_rows + short_rows, ner_rows(url, [LONG]) + ner_rows(url, short))
     assert idle_long < 5.0, "one request must not occupy the tagger for long (about a second on 2 cores)"
-    assert short_took < idle_short + 2 * idle_long + 1.0
+    # generous for a shared 2-core box (the old behaviour held the short request for ~14 s)
+    assert short_took < idle_short + 3 * idle_long + 3.0
 
 
 # --- food_captioning: a non-image and an oversized image -----------------------------------------------

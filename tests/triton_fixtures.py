@@ -77,11 +77,12 @@ def gateway(triton, data_dir, extra_model_root, tmp_path_factory) -> LiveGateway
     """The gateway (python -m gateway) on a free port in front of the session's Triton, DATA_DIR=data_dir."""
     import os
 
-    from tools.triton_launcher import ROOT
+    from gateway.settings import default_model_roots
 
     log = tmp_path_factory.mktemp("gateway") / "gateway.log"
+    roots = [*default_model_roots(), extra_model_root]
     process = GatewayProcess(triton.grpc_url, port=free_port(), data_dir=data_dir, log_file=log,
-                             env={"MODEL_ROOTS": os.pathsep.join([str(ROOT), str(extra_model_root)])})
+                             env={"MODEL_ROOTS": os.pathsep.join(str(r) for r in roots)})
     process.start(timeout=180)
     live = LiveGateway(process, triton)
     try:
