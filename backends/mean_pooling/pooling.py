@@ -1,9 +1,10 @@
-"""sentence-transformers' Pooling module (mean, CLS, max, last token) and its Normalize module, in numpy."""
+"""sentence-transformers' Pooling module (mean, CLS, max, last token, mean/sqrt(len), weighted mean) and
+its Normalize module, in numpy."""
 from __future__ import annotations
 
 import numpy as np
 
-MODES = ("mean", "cls", "max", "lasttoken")
+MODES = ("mean", "cls", "max", "lasttoken", "mean_sqrt_len_tokens", "weightedmean")
 
 
 def pool(token_embeddings: np.ndarray, attention_mask: np.ndarray, mode: str = "mean",
@@ -14,6 +15,11 @@ def pool(token_embeddings: np.ndarray, attention_mask: np.ndarray, mode: str = "
     mask = attention_mask.astype(np.float32)[:, :, None]
     if mode == "mean":
         pooled = (hidden * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
+    elif mode == "mean_sqrt_len_tokens":
+        pooled = (hidden * mask).sum(axis=1) / np.sqrt(np.maximum(mask.sum(axis=1), 1e-9))
+    elif mode == "weightedmean":  # position i (from 1) weighs i
+        weights = mask * np.arange(1, hidden.shape[1] + 1, dtype=np.float32)[None, :, None]
+        pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
     elif mode == "cls":
         pooled = hidden[:, 0]
     elif mode == "max":

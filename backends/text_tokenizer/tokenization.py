@@ -12,14 +12,27 @@ from tokenizers import Encoding, Tokenizer
 _SPLIT_AT_SPACE = {"BertPreTokenizer", "Whitespace", "WhitespaceSplit"}
 
 
+def _pad_token(folder: Path) -> str:
+    """The pad token the model's own files name (CLIP pads with <|endoftext|>), else BERT's [PAD]."""
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        try:
+            pad = json.loads((folder / name).read_text(encoding="utf-8")).get("pad_token")
+        except (OSError, ValueError):
+            continue
+        pad = pad.get("content") if isinstance(pad, dict) else pad
+        if isinstance(pad, str) and pad:
+            return pad
+    return "[PAD]"
+
+
 class TextTokenizer:
     def __init__(self, tokenizer_file: Path, max_length: int, prefix_chars: int | None = None):
         self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
         self.tokenizer.no_padding()  # tokenizer.json may carry fixed padding; we pad per request
         self.tokenizer.enable_truncation(max_length=max_length)
         self.max_length = max_length
-        pad = self.tokenizer.token_to_id("[PAD]")
-        self.pad_id = 0 if pad is None else pad
+        pad = self.tokenizer.token_to_id(_pad_token(Path(tokenizer_file).parent))
+        self.pad_id = 0 if pad is None else pad  # masked out either way: only the ids' look differs
         pre = (json.loads(Path(tokenizer_file).read_text(encoding="utf-8")).get("pre_tokenizer") or {}).get("type")
         # Long texts are tokenized from a prefix first: 16 characters per token covers any ordinary text
         self.prefix_chars = (prefix_chars or 16 * max_length) if pre in _SPLIT_AT_SPACE else None

@@ -18,8 +18,9 @@ from gateway.modelgen.spec import ModelSpec
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".onnx")
 POOLING_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
-                "pooling_mode_max_tokens": "max", "pooling_mode_lasttoken": "lasttoken"}
-UNSUPPORTED_POOLING = ("pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens")
+                "pooling_mode_max_tokens": "max", "pooling_mode_lasttoken": "lasttoken",
+                "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+                "pooling_mode_weightedmean_tokens": "weightedmean"}
 ST_MAX_BATCH, CLIP_MAX_BATCH = 64, 32
 
 
@@ -90,13 +91,12 @@ def _sentence_transformer(model_name: str, source: Path, repository: Path) -> Mo
     if "pooling_mode" in pooling:  # sentence-transformers >= 5.x writes the mode as one string
         named = str(pooling["pooling_mode"]).lower()
         modes = [named] if named in POOLING_KEYS.values() else []
-        bad = [] if modes else [named]
+        bad = [] if modes else [pooling["pooling_mode"]]
     else:
-        bad = [k for k in UNSUPPORTED_POOLING if pooling.get(k)]
-        modes = [mode for key, mode in POOLING_KEYS.items() if pooling.get(key)]
-    if bad or len(modes) != 1:
-        raise BadRequest(f"'{model_name}': pooling {bad or modes} is not supported (one of mean, cls, max, lasttoken)",
-                         param="model_name")
+        bad, modes = [], [mode for key, mode in POOLING_KEYS.items() if pooling.get(key)]
+    if bad or len(modes) != 1:  # several modes are concatenated by sentence-transformers: not reproduced
+        raise BadRequest(f"'{model_name}': pooling {bad or modes} is not supported (exactly one of "
+                         f"{', '.join(POOLING_KEYS.values())})", param="model_name")
     normalize = "Normalize" in kinds
     config = _json(transformer_dir / "config.json")
     dimension = int(pooling.get("word_embedding_dimension") or pooling.get("embedding_dimension")

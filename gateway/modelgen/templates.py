@@ -41,8 +41,8 @@ def pooling(name: str, hidden: int, mode: str, normalize: bool, max_batch: int) 
 backend: "mean_pooling"
 max_batch_size: {max_batch}
 input [
-  {{ name: "token_embeddings" data_type: TYPE_FP32 dims: [-1, {hidden}] }},
-  {{ name: "attention_mask" data_type: TYPE_INT64 dims: [-1] }}
+  {{ name: "token_embeddings" data_type: TYPE_FP32 dims: [-1, {hidden}] allow_ragged_batch: true }},
+  {{ name: "attention_mask" data_type: TYPE_INT64 dims: [-1] allow_ragged_batch: true }}
 ]
 output [{{ name: "embedding" data_type: TYPE_FP32 dims: [{hidden}] }}]
 {_params(mode=mode, normalize=str(normalize).lower())}

@@ -1,0 +1,314 @@
+"""Model generation without a server: Triton-safe names, path safety of local model folders, the
+open_clip table, reading sentence-transformers configs (pooling mode, Normalize, max_seq_length,
+unsupported modules), and the generated config.pbtxt files parsed with Triton's own protobuf."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from gateway.errors import BadRequest, NotFound
+from gateway.modelgen import (OPEN_CLIP_MODELS, builtin_specs, generate, remove, remove_generated, resolve_source,
+                              triton_name)
+from gateway.modelgen.sources import local_folder
+from gateway_helpers import CLIP_DEMO, ST_CLS_DEMO
+from model_configs import ROOT
+
+LEGACY_KEYS = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token", "max": "pooling_mode_max_tokens",
+               "lasttoken": "pooling_mode_lasttoken", "mean_sqrt_len_tokens": "pooling_mode_mean_sqrt_len_tokens",
+               "weightedmean": "pooling_mode_weightedmean_tokens"}
+
+
+# ---------------------------------------------------------------- names
+
+@pytest.mark.parametrize("name,pretrained", [
+    ("sentence-transformers/all-MiniLM-L6-v2", None), ("ViT-B-32", "laion2b_s34b_b79k"), ("ViT-B-32", "openai"),
+    ("../../etc/passwd", None), ("Ünïcödé model/ name\n", None), ("", None), ("x" * 500, "y" * 500)])
+def test_triton_name_is_safe_and_bounded(name, pretrained):
+    base = triton_name(name, pretrained)
+    assert re.fullmatch(r"[a-z0-9_]+", base), base
+    assert len(base) <= 70
+    assert base == triton_name(name, pretrained), "stable across calls"
+
+
+def test_triton_name_is_unique_per_name_and_pretrained():
+    names = {triton_name(n, p) for n, p in [("ViT-B-32", "openai"), ("ViT-B-32", "laion2b_s34b_b79k"), ("ViT-B-32", None),
+                                            ("vit-b-32", "openai"), ("ViT_B_32", "openai"), ("a/b", None), ("a_b", None),
+                                            ("demo_models/clip-demo", None), ("./demo_models/clip-demo", None)]}
+    assert len(names) == 9, "names differing only in case or punctuation still get their own models"
+
+
+# ---------------------------------------------------------------- path safety
+
+@pytest.fixture()
+def roots(tmp_path):
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "org" / "model").mkdir(parents=True)
+    (root / "org" / "model" / "config.json").write_text("{}")
+    (outside / "secret").mkdir(parents=True)
+    (outside / "secret" / "config.json").write_text("{}")
+    return root, outside
+
+
+def test_local_folder_under_a_root(roots):
+    root, _ = roots
+    assert local_folder("org/model", [root]) == (root / "org" / "model").resolve()
+    assert local_folder(str(root / "org" / "model"), [root]) == (root / "org" / "model").resolve()
+    assert local_folder("org/missing", [root]) is None, "not a folder: may still be a hub id"
+
+
+@pytest.mark.parametrize("name", ["../outside/secret", "org/../../outside/secret", "org/model/../../../outside/secret"])
+def test_dot_dot_is_refused(roots, name):
+    with pytest.raises(BadRequest, match=r"'\.\.'"):
+        local_folder(name, [roots[0]])
+
+
+def test_absolute_path_outside_the_roots_is_refused(roots):
+    root, outside = roots
+    for name in (str(outside / "secret"), "/etc", "/nonexistent/model"):
+        with pytest.raises(BadRequest, match="outside the allowed model roots"):
+            resolve_source(name, None, "sentence_transformer", [root])
+
+
+def test_symlinks_out_of_the_roots_are_refused(roots):
+    root, outside = roots
+    (root / "escape").symlink_to(outside / "secret", target_is_directory=True)
+    with pytest.raises(BadRequest, match="outside the allowed model roots"):
+        local_folder("escape", [root])
+    (root / "org" / "model" / "model.safetensors").symlink_to(outside / "secret" / "config.json")
+    with pytest.raises(BadRequest, match="symlink out of MODEL_ROOTS"):
+        local_folder("org/model", [root])
+
+
+def test_symlink_inside_the_roots_is_allowed(roots):
+    root, _ = roots
+    (root / "alias").symlink_to(root / "org" / "model", target_is_directory=True)
+    assert local_folder("alias", [root]) == (root / "org" / "model").resolve()
+
+
+@pytest.mark.parametrize("name", ["", "   ", "a\0b", "a\\b", "x" * 301])
+def test_unusable_names_are_refused(roots, name):
+    with pytest.raises(BadRequest):
+        resolve_source(name, None, "sentence_transformer", [roots[0]])
+
+
+def test_a_file_is_not_a_model_folder(roots):
+    with pytest.raises(BadRequest, match="is a file"):
+        local_folder("org/model/config.json", [roots[0]])
+
+
+def test_unknown_names_and_uncached_hub_ids_are_not_found(roots, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(NotFound, match="neither a folder under MODEL_ROOTS nor a hub id"):
+        resolve_source("no such model", None, "sentence_transformer", [roots[0]])
+    with pytest.raises(NotFound, match="nobody-here/no-such-model-xyz") as caught:
+        resolve_source("nobody-here/no-such-model-xyz", None, "sentence_transformer", [roots[0]])
+    assert "Traceback" not in caught.value.message and caught.value.param == "model_name"
+
+
+# ---------------------------------------------------------------- open_clip table
+
+def test_open_clip_table_maps_common_pairs():
+    assert OPEN_CLIP_MODELS[("ViT-B-32", "laion2b_s34b_b79k")] == "laion/CLIP-ViT-B-32-laion2B-s34B-b79K"
+    assert OPEN_CLIP_MODELS[("ViT-B-32", "openai")] == "openai/clip-vit-base-patch32"
+    for arch in ("ViT-B-16", "ViT-L-14", "ViT-H-14"):
+        assert any(m == arch for m, _ in OPEN_CLIP_MODELS), arch
+    for (arch, pretrained), repo in OPEN_CLIP_MODELS.items():
+        assert re.fullmatch(r"(openai|laion)/[A-Za-z0-9._-]+", repo), repo
+        assert (pretrained == "openai") == repo.startswith("openai/")
+
+
+def test_open_clip_pair_goes_to_its_hub_repository(monkeypatch, tmp_path):
+    from gateway.modelgen import sources
+
+    asked = []
+    monkeypatch.setattr(sources, "hub_folder", lambda repo: asked.append(repo) or tmp_path)
+    assert resolve_source("ViT-B-32", "laion2b_s34b_b79k", "clip", [ROOT]) == tmp_path
+    assert asked == ["laion/CLIP-ViT-B-32-laion2B-s34B-b79K"]
+
+
+@pytest.mark.parametrize("pretrained", ["laion400m_nonexistent", None, ""])
+def test_unknown_open_clip_pair_is_a_clear_400(pretrained):
+    with pytest.raises(BadRequest, match="unknown open_clip pair") as caught:
+        resolve_source("ViT-B-32", pretrained, "clip", [ROOT])
+    assert "laion2b_s34b_b79k" in caught.value.message and caught.value.param == "pretrained"
+
+
+def test_builtin_minilm_is_the_shipped_ensemble():
+    (spec,) = builtin_specs()
+    assert (spec.model_name, spec.text_model, spec.dimension, spec.normalized, spec.max_tokens) == (
+        "sentence-transformers/all-MiniLM-L6-v2", "text_embedding", 384, True, 256)
+    assert spec.builtin and spec.triton_models == () and spec.image_model is None
+
+
+# ---------------------------------------------------------------- sentence-transformers configs
+
+@pytest.fixture()
+def st_copy(tmp_path):
+    """A copy of demo_models/st-cls-demo (weights linked) whose config files a test may rewrite."""
+    src, dest = ROOT / ST_CLS_DEMO, tmp_path / "st"
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("*.safetensors"))
+    os.symlink(src / "model.safetensors", dest / "model.safetensors")
+    return dest
+
+
+def _write(path, data):
+    path.write_text(json.dumps(data))
+
+
+def parse(repository, name) -> model_config_pb2.ModelConfig:
+    config = model_config_pb2.ModelConfig()
+    text_format.Parse((repository / name / "config.pbtxt").read_text(), config)
+    return config
+
+
+def param(config, key):
+    return config.parameters[key].string_value
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+@pytest.mark.parametrize("mode", list(LEGACY_KEYS))
+def test_pooling_mode_read_from_the_model(st_copy, tmp_path, mode, legacy):
+    pooling = {"word_embedding_dimension": 96, **{k: k == LEGACY_KEYS[mode] for k in LEGACY_KEYS.values()}} if legacy \
+        else {"embedding_dimension": 96, "pooling_mode": mode, "include_prompt": True}
+    _write(st_copy / "1_Pooling" / "config.json", pooling)
+    spec = generate("st-test", None, "sentence_transformer", st_copy, tmp_path / "repo")
+    config = parse(tmp_path / "repo", f"{spec.text_model}_pooling")
+    assert param(config, "mode") == mode and param(config, "normalize") == "true"
+    assert spec.dimension == 96 and spec.normalized
+
+
+def test_normalize_and_max_seq_length_come_from_the_model(st_copy, tmp_path):
+    modules = json.loads((st_copy / "modules.json").read_text())
+    _write(st_copy / "modules.json", modules[:2])  # no Normalize module
+    _write(st_copy / "sentence_bert_config.json", {"max_seq_length": 40, "do_lower_case": False})
+    spec = generate("st-test", None, "sentence_transformer", st_copy, tmp_path / "repo")
+    assert not spec.normalized and spec.max_tokens == 40
+    assert param(parse(tmp_path / "repo", f"{spec.text_model}_pooling"), "normalize") == "false"
+    assert param(parse(tmp_path / "repo", f"{spec.text_model}_tokenizer"), "max_length") == "40"
+
+
+def test_max_seq_length_is_capped_by_the_position_embeddings(st_copy, tmp_path):
+    _write(st_copy / "sentence_bert_config.json", {"max_seq_length": 100_000})
+    assert generate("st-test", None, "sentence_transformer", st_copy, tmp_path / "repo").max_tokens == 512
+
+
+@pytest.mark.parametrize("change,message", [
+    ("dense", "Dense"), ("several_modes", "not supported"), ("unknown_mode", "not supported"),
+    ("no_modules", "not a sentence-transformers model"), ("no_tokenizer_json", "tokenizer.json"),
+    ("no_weights", "no weights"), ("bad_json", "not valid JSON")])
+def test_models_we_cannot_reproduce_are_refused_naming_why(st_copy, tmp_path, change, message):
+    if change == "dense":
+        modules = json.loads((st_copy / "modules.json").read_text())
+        modules.insert(2, {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+        _write(st_copy / "modules.json", modules)
+    elif change == "several_modes":
+        _write(st_copy / "1_Pooling" / "config.json", {"embedding_dimension": 96, "pooling_mode": ["cls", "mean"]})
+    elif change == "unknown_mode":
+        _write(st_copy / "1_Pooling" / "config.json", {"embedding_dimension": 96, "pooling_mode": "median"})
+    elif change == "no_modules":
+        (st_copy / "modules.json").unlink()
+    elif change == "no_tokenizer_json":
+        (st_copy / "tokenizer.json").unlink()
+    elif change == "no_weights":
+        (st_copy / "model.safetensors").unlink()
+    elif change == "bad_json":
+        (st_copy / "modules.json").write_text("{not json")
+    with pytest.raises(BadRequest, match=message):
+        generate("st-test", None, "sentence_transformer", st_copy, tmp_path / "repo")
+
+
+def test_a_non_clip_folder_is_refused_as_clip(st_copy, tmp_path):
+    with pytest.raises(BadRequest, match="not a transformers CLIPModel"):
+        generate("st-test", None, "clip", st_copy, tmp_path / "repo")
+
+
+# ---------------------------------------------------------------- generated configs
+
+def check_repository(repository, ensembles):
+    """Every generated config parses with Triton's protobuf, names a backend this repository ships, and
+    every ensemble step's maps match its model's inputs and outputs (as tests/test_model_configs.py)."""
+    configs = {p.name: parse(repository, p.name) for p in repository.iterdir() if not p.name.startswith(".")}
+    for name, config in configs.items():
+        assert config.name == name
+        if config.platform != "ensemble":
+            assert (ROOT / "backends" / config.backend / "model.py").is_file(), config.backend
+    for ensemble in ensembles:
+        config = configs[ensemble]
+        assert config.platform == "ensemble"
+        (inp,) = config.input
+        (out,) = config.output
+        assert out.name == "embedding" and out.data_type == model_config_pb2.TYPE_FP32
+        assert inp.data_type == model_config_pb2.TYPE_STRING and list(inp.dims) == [1]
+        known = {inp.name: (inp.data_type, list(inp.dims))}
+        for step in config.ensemble_scheduling.step:
+            step_config = configs[step.model_name]
+            assert step_config.max_batch_size >= config.max_batch_size
+            inputs = {t.name: t for t in step_config.input}
+            outputs = {t.name: t for t in step_config.output}
+            for model_input, tensor in step.input_map.items():
+                assert tensor in known, (ensemble, step.model_name, tensor)
+                assert known[tensor][0] == inputs[model_input].data_type
+                assert len(known[tensor][1]) == len(inputs[model_input].dims)
+            for model_output, tensor in step.output_map.items():
+                known[tensor] = (outputs[model_output].data_type, list(outputs[model_output].dims))
+        assert known["embedding"] == (out.data_type, list(out.dims))
+    return configs
+
+
+def test_sentence_transformer_folders(tmp_path):
+    repository = tmp_path / "repo"
+    spec = generate(ST_CLS_DEMO, None, "sentence_transformer", ROOT / ST_CLS_DEMO, repository)
+    base = triton_name(ST_CLS_DEMO, None)
+    assert spec.text_model == base and spec.image_model is None and spec.kind == "sentence_transformer"
+    assert set(spec.triton_models) == {base, f"{base}_tokenizer", f"{base}_encoder", f"{base}_pooling"}
+    assert (spec.dimension, spec.normalized, spec.max_tokens) == (96, True, 128)
+    configs = check_repository(repository, [base])
+    assert list(configs[base].output[0].dims) == [96]
+    assert param(configs[f"{base}_pooling"], "mode") == "cls"
+    assert (repository / f"{base}_encoder" / "1" / "model.safetensors").is_symlink(), "weights linked, not copied"
+    assert (repository / f"{base}_tokenizer" / "1" / "tokenizer.json").is_file()
+
+
+def test_clip_folders_share_one_encoder(tmp_path):
+    repository = tmp_path / "repo"
+    spec = generate(CLIP_DEMO, None, "clip", ROOT / CLIP_DEMO, repository)
+    configs = check_repository(repository, [spec.text_model, spec.image_model])
+    assert spec.kind == "clip" and not spec.normalized and spec.dimension == 32 and spec.max_tokens == 77
+    assert configs[spec.text_model].input[0].name == "text" and configs[spec.image_model].input[0].name == "image"
+    encoders = {step.model_name for e in spec.ensembles for step in configs[e].ensemble_scheduling.step
+                if configs[step.model_name].backend == "clip_encoder"}
+    assert len(encoders) == 1, "both ensembles call the same encoder: the weights are loaded once"
+    assert set(spec.triton_models) == set(configs)
+
+
+def test_generate_is_idempotent_and_remove_deletes_its_folders(tmp_path):
+    repository = tmp_path / "repo"
+    (repository / "other_model").mkdir(parents=True)
+    first = generate(CLIP_DEMO, None, "clip", ROOT / CLIP_DEMO, repository)
+    before = {p.relative_to(repository): p.read_bytes() for p in repository.rglob("*") if p.is_file()}
+    second = generate(CLIP_DEMO, None, "clip", ROOT / CLIP_DEMO, repository)
+    assert first == second
+    assert {p.relative_to(repository): p.read_bytes() for p in repository.rglob("*") if p.is_file()} == before
+    assert not [p for p in repository.iterdir() if p.name.startswith(".tmp")], "no temporary folder is left"
+    remove(first, repository)
+    assert [p.name for p in repository.iterdir()] == ["other_model"]
+    generate(CLIP_DEMO, None, "clip", ROOT / CLIP_DEMO, repository)
+    assert remove_generated(CLIP_DEMO, None, repository) == len(first.triton_models)
+    assert [p.name for p in repository.iterdir()] == ["other_model"]
+
+
+def test_modelgen_imports_without_torch():
+    import subprocess
+
+    code = "import sys, gateway.modelgen; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
