@@ -1,0 +1,188 @@
+"""deploy/: the checks of `make deploy-check` (tools/deploy_check.py), so `make test` covers them.
+
+Unit tier: Kustomize renders validated against the Kubernetes schemas, yamllint, the compose schema,
+promtool, static Dockerfile checks, each shown to catch a broken input too. Integration tier: every
+PromQL expression of the dashboard and of the adapter rule on a real Prometheus scraping a real
+tritonserver under load.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+
+import pytest
+import yaml
+
+from tools import deploy_check as dc
+
+ENSEMBLES = {"text_embedding", "ner", "food_captioning", "codegen", "codegen_stream"}
+
+
+def rendered(name: str) -> list[dict]:
+    try:
+        return dc.render(dc.KUSTOMIZATIONS[name])
+    except dc.Missing as e:
+        pytest.skip(str(e))
+
+
+@pytest.mark.parametrize("name", sorted(dc.KUSTOMIZATIONS))
+def test_kustomization_renders_valid_manifests(name):
+    docs = rendered(name)
+    assert dc.validate_manifests(docs) == []
+    assert {d["kind"] for d in docs} >= {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget",
+                                         "ConfigMap"}
+
+
+def test_validator_rejects_a_broken_manifest():
+    deployment = copy.deepcopy(dc.by_kind(rendered("base"), "Deployment"))
+    deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["prot"] = 8000
+    deployment["spec"]["replicas"] = "two"
+    errors = dc.validate_manifests([deployment])
+    assert len(errors) == 1 and "Deployment/triton-pipelines" in errors[0]
+
+
+def test_probes_ports_and_shared_memory():
+    pod = dc.by_kind(rendered("base"), "Deployment")["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in pod["containers"]}
+    triton, gateway = containers["triton"], containers["gateway"]
+    assert triton["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert gateway["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert {p["containerPort"] for p in triton["ports"]} == {8000, 8001, 8002}
+    assert all(c["resources"]["requests"]["cpu"] and c["resources"]["limits"]["memory"] for c in containers.values())
+    shm = [v for v in pod["volumes"] if v["name"] == "dshm"][0]
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in triton["volumeMounts"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    # the split of `make triton` into two containers keeps what the launcher hands the gateway
+    env = {c: {e["name"]: e for e in containers[c]["env"]} for c in containers}
+    assert env["triton"]["TRITON_ADMIN_KEY"]["valueFrom"] == env["gateway"]["TRITON_ADMIN_KEY"]["valueFrom"]
+    assert env["triton"]["DATA_DIR"]["value"] == env["gateway"]["DATA_DIR"]["value"] == "/data"
+    assert env["gateway"]["SUPERVISOR_STATE_FILE"]["value"] == "/data/run/supervisor.json"
+    assert env["gateway"]["TRITON_GRPC_URL"]["value"] == "127.0.0.1:8001"
+    assert {"name": "data", "mountPath": "/data"} in triton["volumeMounts"] and \
+        {"name": "data", "mountPath": "/data"} in gateway["volumeMounts"]
+    assert "--no-gateway" in triton["command"] and gateway["command"][-2:] == ["-m", "gateway"]
+    annotations = dc.by_kind(rendered("base"), "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == "8002"
+
+
+def test_hpa_scales_on_the_adapter_metric():
+    docs = rendered("base")
+    hpa = dc.by_kind(docs, "HorizontalPodAutoscaler")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["type"] == "Pods" and metric["pods"]["metric"]["name"] == dc.HPA_METRIC
+    (rule,) = yaml.safe_load(dc.by_kind(docs, "ConfigMap")["data"]["config.yaml"])["rules"]
+    assert rule["name"]["as"] == dc.HPA_METRIC
+    query = rule["metricsQuery"]
+    assert query.count("<<.LabelMatchers>>") == 2 and query.count("<<.GroupBy>>") == 2
+    assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}
+    assert "nv_inference_queue_duration_us" in query and "nv_inference_request_success" in query
+    # requests counted at the ensembles only, queue time taken from their steps (see the rule's comment)
+    denominator = query.split("/ clamp_min")[1]
+    assert set(denominator.split('model=~"')[1].split('"')[0].split("|")) == ENSEMBLES
+    assert dc.by_kind(docs, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+
+
+def test_overlays_differ_where_they_should():
+    cpu = dc.by_kind(rendered("cpu"), "Deployment")["spec"]["template"]["spec"]
+    gpu = dc.by_kind(rendered("gpu"), "Deployment")["spec"]["template"]["spec"]
+    cpu_triton, gpu_triton = cpu["containers"][0], gpu["containers"][0]
+    assert gpu_triton["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert "nvidia.com/gpu" not in cpu_triton["resources"]["limits"]
+    assert gpu["tolerations"][0]["key"] == "nvidia.com/gpu" and "nvidia.com/gpu.present" in gpu["nodeSelector"]
+    assert cpu_triton["image"].endswith("triton-pipelines-cpu:0.1.0")
+    assert gpu_triton["image"].endswith("/triton-pipelines:0.1.0")
+    # the strategic merge kept the base's probes and the gateway container
+    assert gpu_triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert [c["name"] for c in gpu["containers"]] == ["triton", "gateway"]
+
+
+def test_yamllint_clean_and_catches_problems(tmp_path):
+    assert dc.yamllint_problems() == []
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("a: 1\na: 2\nb:   [1,2]\n")
+    assert any("duplication" in p for p in dc.yamllint_problems([bad]))
+
+
+def test_compose_matches_the_specification():
+    assert dc.compose_errors() == []
+    compose = yaml.safe_load((dc.DEPLOY / "compose.yaml").read_text())
+    services = compose["services"]
+    assert set(services) >= {"triton", "prometheus", "grafana", "qdrant"}
+    assert services["triton"]["shm_size"] and services["triton"]["environment"]["QDRANT_URL"] == "http://qdrant:6333"
+    assert all(p.startswith("127.0.0.1:") for s in services.values() for p in s.get("ports", []))
+    for service in services.values():  # every bind-mounted file exists
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (dc.DEPLOY / source).exists(), source
+
+
+def test_compose_schema_rejects_a_broken_file(tmp_path):
+    broken = tmp_path / "compose.yaml"
+    broken.write_text("services:\n  triton:\n    image: x\n    shm_size: [1]\n")
+    assert any("shm_size" in e for e in dc.compose_errors(broken))
+
+
+def test_prometheus_config_passes_promtool(tmp_path):
+    try:
+        assert "SUCCESS" in dc.promtool_check_config()
+    except dc.Missing as e:
+        pytest.skip(str(e))
+    bad = tmp_path / "prometheus.yml"
+    bad.write_text("scrape_configs:\n  - job_name: x\n    scrape_interval: soon\n")
+    with pytest.raises(AssertionError):
+        dc.promtool_check_config(bad)
+
+
+@pytest.mark.parametrize("dockerfile", dc.DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfile_static_checks(dockerfile):
+    assert dc.dockerfile_problems(dockerfile) == []
+    steps = dc.parse_dockerfile(dockerfile)
+    assert steps[-1].keyword == "CMD" and "tools/triton_launcher.py" in steps[-1].args
+    assert any(s.keyword == "ARG" and s.args.startswith("BAKE_MODELS") for s in steps)
+
+
+def test_dockerfile_check_catches_mistakes(tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:3.11-slim\nCOPY no_such_dir/ ./\nCOPY model_repository/text_embedding_encoder/1/config.json .\n"
+                   "RUN .venv/bin/python tools/no_such_tool.py\nUSER root\nCMD [\"true\"]\n")
+    problems = "\n".join(dc.dockerfile_problems(bad))
+    for expected in ("no_such_dir does not exist", "excluded by .dockerignore", "tools/no_such_tool.py",
+                     "runs as root", "no HEALTHCHECK"):
+        assert expected in problems
+
+
+def test_dashboard_covers_the_issue():
+    dashboard = json.loads(dc.DASHBOARD.read_text())
+    exprs = " ".join(dc.dashboard_expressions().values())
+    for needed in ("nv_inference_request_success", "nv_inference_queue_duration_us", "nv_inference_count",
+                   "nv_inference_exec_count", "histogram_quantile(0.5", "histogram_quantile(0.95",
+                   "gateway_request_duration_seconds_bucket", "gateway_requests_total"):
+        assert needed in exprs
+    assert dashboard["templating"]["list"][0]["name"] == "model"
+    assert all(p["datasource"]["uid"] == "prometheus" for p in dashboard["panels"])
+    provider = yaml.safe_load((dc.DEPLOY / "grafana/provisioning/dashboards/triton-pipelines.yaml").read_text())
+    assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
+
+
+@pytest.mark.integration
+def test_promql_on_live_triton_under_load(tmp_path):
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus is not installed (deploy/install_tools.sh installs it; make deploy-check runs it)")
+    result = dc.live_promql_check(tmp_path)
+    for title, value in result.values.items():
+        assert value, f"{title}: empty"
+    print(f"queue time per request: {result.low:.0f} µs at c=1 -> {result.high:.0f} µs at c=32 "
+          f"({result.requests} requests)")
+    assert result.high > 2 * result.low and result.high > 0  # c=1 barely queues; c=32 on 2 cores must
+    # the HPA's target sits between the two: one client per pod does not scale out, 32 do
+    hpa = yaml.safe_load((dc.K8S / "base" / "hpa.yaml").read_text())
+    target = float(hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"])
+    assert result.low < target < result.high
+    batch = {r["metric"]["model"]: float(r["value"][1])
+             for r in result.values["Batch size per model (inferences / executions) [A]"]}
+    assert batch["text_embedding_encoder"] >= 1.0
