@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "backends"), str(ROOT / "client")]
+sys.path[:0] = [str(ROOT), str(ROOT / "backends"), str(ROOT / "client"), str(ROOT / "bench")]
 
 from perf import LoadResult, format_report  # noqa: E402
 from tools.triton_launcher import TritonServer, free_port, process_tree  # noqa: E402
@@ -24,7 +24,8 @@ ORDER = ["text_embedding", "ner", "food_captioning", "codegen"]
 
 
 def available_benches() -> list[str]:
-    found = {p.stem.removeprefix("bench_") for p in Path(__file__).parent.glob("bench_*.py")}
+    found = {p.stem.removeprefix("bench_") for folder in (Path(__file__).parent, ROOT / "bench")
+             for p in folder.glob("bench_*.py")}
     return [n for n in ORDER if n in found] + sorted(found - set(ORDER))
 
 

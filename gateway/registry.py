@@ -238,9 +238,23 @@ class ModelRegistry:
             await self.engine.unload(ensemble, unload_dependents=True)
         for model in entry.spec.triton_models:  # a composing model shared by two ensembles, if any is left
             await self.engine.unload(model)
+        await self._wait_gone(entry.spec.triton_models or entry.spec.ensembles)
         self.entries.pop(entry.key, None)
         self._save()
         log.info("model %s unloaded", entry.label)
+
+    async def _wait_gone(self, models: tuple[str, ...], timeout_s: float = 120.0) -> None:
+        """Triton's unload returns while the stubs are still stopping. Loading the same names again in that
+        window was seen to hang Triton's load for good (the new stubs failed to start), so an unload is
+        done only when none of its models is LOADING, READY or UNLOADING any more."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            busy = {m.get("name") for m in await self.engine.repository_index()
+                    if m.get("state") in ("LOADING", "READY", "UNLOADING")}
+            if not busy.intersection(models):
+                return
+            await asyncio.sleep(0.2)
+        log.warning("models %s still not unloaded after %.0fs", ", ".join(models), timeout_s)
 
     async def delete(self, model_name: str, pretrained: str | None, kind: str | None = None) -> None:
         """Unload if loaded, then remove the generated folders; 404 if there is nothing to delete."""

@@ -6,6 +6,7 @@ import asyncio
 import time
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 
 from gateway.embedding import check_count, embed_images, embed_texts
 from gateway.errors import BadRequest
@@ -73,9 +74,9 @@ async def infer(body: InferRequest, request: Request):
         text_vectors = await embed_texts(state, body.model_name, body.text, body.pretrained, body.normalize)
     if images:
         image_vectors = await embed_images(state, body.model_name, images, body.pretrained, body.normalize)
-    return {"text_embeddings": text_vectors.tolist() if text_vectors is not None else [],
-            "image_embeddings": image_vectors.tolist() if image_vectors is not None else [],
-            "processingTimeMs": round((time.perf_counter() - started) * 1000, 2)}
+    return JSONResponse({"text_embeddings": text_vectors.tolist() if text_vectors is not None else [],
+                         "image_embeddings": image_vectors.tolist() if image_vectors is not None else [],
+                         "processingTimeMs": round((time.perf_counter() - started) * 1000, 2)})  # see embeddings.py
 
 
 @router.get("/metrics")
