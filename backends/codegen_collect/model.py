@@ -1,4 +1,5 @@
 import sys
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -7,50 +8,93 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
+from gptj_generator.generation_params import GenerationParams  # noqa: E402
+from stage_common.bounded_workers import BoundedWorkers  # noqa: E402
 from stage_common.params import config_param  # noqa: E402
-from stage_common.triton_io import error_response, load_model_config  # noqa: E402
+from stage_common.triton_io import error_response, input_array, load_model_config, string_tensor  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+PAD = -1  # output_ids padding of the shorter rows (codegen_postprocess drops it)
+
+
+class RowError(Exception):
+    """The generator refused or failed a row: passed on to the client as it is."""
+
+    def __init__(self, error):
+        super().__init__(error.message())
+        self.error = error
 
 
 class TritonPythonModel:
-    """Unary front of the decoupled generator (BLS): forwards each request's inputs with
-    streaming=false and answers with the collected output_ids. execute only hands requests to worker
-    threads, so a short request never waits behind a long one: both join the generator's batch."""
+    """Unary front of the decoupled generator (BLS). Each row of a request (input_ids, input_lengths,
+    generation_params) is its own generator request with streaming=false, all in flight at once; the
+    answer has every row: output_ids (padded with -1), finish_reason, prompt_tokens, completion_tokens.
+    execute only hands requests to worker threads, so a short request never waits behind a long one.
+    A client's cancellation does not reach this step in Triton 2.51 (measured: polling
+    request.is_cancelled() here while the generator ran never saw it), so a cancelled unary request runs
+    to its end; clients that may leave use codegen_stream, whose cancellation frees the row."""
 
     def initialize(self, args):
         config = load_model_config(args)
         self.generator = config_param(config, "generator_model", str)
-        self.inputs = [i["name"] for i in config["input"]]
-        self.workers = ThreadPoolExecutor(config_param(config, "max_in_flight", int, 64),
-                                          thread_name_prefix="codegen-collect")
+        in_flight = config_param(config, "max_in_flight", int, 64)
+        self.workers = BoundedWorkers(in_flight, "codegen-collect")
+        # rows run on their own pool: a request thread waiting for its rows never starves them
+        self.row_workers = ThreadPoolExecutor(in_flight, thread_name_prefix="codegen-collect-row")
 
     def execute(self, requests):
         for request in requests:
-            self.workers.submit(self._serve, request)
+            try:
+                self.workers.submit(self._serve, request)
+            except Exception as exc:  # noqa: BLE001 - over capacity: UNAVAILABLE for this request
+                request.get_response_sender().send(error_response(exc), flags=FINAL)
         return None
+
+    def _row(self, ids: np.ndarray, params: GenerationParams, key: str):
+        inputs = [pb_utils.Tensor("input_ids", ids[None, :].astype(np.int32)),
+                  pb_utils.Tensor("input_lengths", np.array([[ids.shape[0]]], np.int32)),
+                  pb_utils.Tensor("streaming", np.array([[False]]))]
+        inputs += [pb_utils.Tensor(name, array) for name, array in params.generator_arrays().items()]
+        call = pb_utils.InferenceRequest(model_name=self.generator, inputs=inputs, request_id=key,
+                                         requested_output_names=["output_ids", "finish_reason", "completion_tokens"])
+        chunks, reason, count = [], "", 0
+        for response in call.exec(decoupled=True):
+            if response.has_error():
+                raise RowError(response.error())
+            out = {t.name(): t.as_numpy() for t in response.output_tensors()}
+            if "output_ids" in out:
+                chunks.append(out["output_ids"].reshape(-1))
+            if "finish_reason" in out:
+                value = out["finish_reason"].reshape(-1)[0]
+                reason = (value.decode() if isinstance(value, bytes) else str(value)) or reason
+            if "completion_tokens" in out:
+                count = int(out["completion_tokens"].reshape(-1)[0])
+        return (np.concatenate(chunks).astype(np.int32) if chunks else np.zeros(0, np.int32)), reason, count
 
     def _serve(self, request):
         sender = request.get_response_sender()
         try:
-            inputs = [t for t in (pb_utils.get_input_tensor_by_name(request, n) for n in self.inputs) if t is not None]
-            inputs.append(pb_utils.Tensor("streaming", np.array([[False]])))
-            call = pb_utils.InferenceRequest(model_name=self.generator, inputs=inputs,
-                                             requested_output_names=["output_ids"])
-            chunks = []
-            for response in call.exec(decoupled=True):
-                if response.has_error():
-                    error = response.error()
-                    error = pb_utils.TritonError(error.message(), error.code())
-                    sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=FINAL)
-                    return
-                ids = pb_utils.get_output_tensor_by_name(response, "output_ids")
-                if ids is not None:
-                    chunks.append(ids.as_numpy().reshape(-1))
-            output = np.concatenate(chunks).astype(np.int32) if chunks else np.zeros(0, np.int32)
-            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("output_ids", output[None, :])]), flags=FINAL)
+            ids, lengths = input_array(request, "input_ids"), input_array(request, "input_lengths").reshape(-1)
+            params = [GenerationParams.from_json(v) for v in input_array(request, "generation_params").reshape(-1)]
+            keys = [uuid.uuid4().hex for _ in params]
+            rows = [self.row_workers.submit(self._row, ids[i, :lengths[i]], params[i], keys[i])
+                    for i in range(len(params))]
+            results = [row.result() for row in rows]
+            width = max([len(out) for out, _, _ in results] + [0])
+            output = np.full((len(results), width), PAD, np.int32)
+            for i, (out, _, _) in enumerate(results):
+                output[i, :len(out)] = out
+            tensors = [pb_utils.Tensor("output_ids", output),
+                       string_tensor("finish_reason", [reason for _, reason, _ in results], (len(results), 1)),
+                       pb_utils.Tensor("prompt_tokens", lengths.astype(np.int32).reshape(-1, 1)),
+                       pb_utils.Tensor("completion_tokens", np.array([[c] for _, _, c in results], np.int32))]
+            sender.send(pb_utils.InferenceResponse(tensors), flags=FINAL)
+        except RowError as exc:
+            error = pb_utils.TritonError(exc.error.message(), exc.error.code())
+            sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=FINAL)
         except Exception as exc:  # noqa: BLE001 - reported to this request's client alone
             sender.send(error_response(exc), flags=FINAL)
 
     def finalize(self):
-        self.workers.shutdown(wait=False, cancel_futures=True)
+        self.workers.shutdown()
+        self.row_workers.shutdown(wait=False, cancel_futures=True)

@@ -4,26 +4,48 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from codegen_postprocess.detokenizer import Detokenizer  # noqa: E402
-from stage_common.errors import BadInput  # noqa: E402
-from stage_common.triton_io import (execute_batched, input_array, string_tensor, text_rows,  # noqa: E402
-                                    version_dir)
+from gptj_generator.generation_params import GenerationParams  # noqa: E402
+from gptj_generator.request_inputs import row_stop_words  # noqa: E402
+from stage_common.triton_io import execute_batched, input_array, string_tensor, text_rows, version_dir  # noqa: E402
 
 
-def _parse(request):
+def _parse(request) -> list[tuple]:
+    """One (ids, stop words, prompt to prepend) per row; ids padded with negatives are cut."""
     ids = input_array(request, "output_ids")
-    if ids.ndim != 2 or ids.shape[0] != 1:
-        raise BadInput(f"one sequence per request, got output_ids of shape {list(ids.shape)}")
-    stop = [] if input_array(request, "stop_words", optional=True) is None else text_rows(request, "stop_words")
-    return ids[0], stop
+    ids = ids.reshape(1, -1) if ids.ndim == 1 else ids
+    n = ids.shape[0]
+    params = input_array(request, "generation_params", optional=True)
+    if params is not None:
+        params = [GenerationParams.from_json(v) for v in params.reshape(-1)]
+        stops = [list(p.stop) for p in params]
+    else:
+        stops = row_stop_words(request, n)
+    prompts = text_rows(request, "text_input") if input_array(request, "text_input", optional=True) is not None \
+        else [""] * n
+    echo = [bool(params and not params[i].exclude_input) for i in range(n)]
+    return [(row[row >= 0], stops[i], prompts[i] if echo[i] else "") for i, row in enumerate(ids)]
+
+
+def _decode(detokenizer: Detokenizer, requests: list[list[tuple]]) -> list[list[str] | Exception]:
+    """Every request's texts; a request whose row fails to decode gets that error alone."""
+    flat = detokenizer.decode([(ids, stop) for rows in requests for ids, stop, _ in rows])
+    out, at = [], 0
+    for rows in requests:
+        texts = flat[at:at + len(rows)]
+        failed = [t for t in texts if isinstance(t, Exception)]
+        out.append(failed[0] if failed else [prompt + text for (_, _, prompt), text in zip(rows, texts)])
+        at += len(rows)
+    return out
 
 
 class TritonPythonModel:
-    """output_ids (INT32 [-1]: generated ids, or one streamed chunk of them) [+ stop_words]
-    -> text_output (TYPE_STRING [1])."""
+    """output_ids (INT32 [-1] per row: generated ids padded with -1, or one streamed chunk)
+    [+ generation_params (stop words, echo) or stop_words] [+ text_input, prepended when the row's
+    exclude_input_in_output is false] -> text_output (TYPE_STRING [1] per row)."""
 
     def initialize(self, args):
         self.detokenizer = Detokenizer(version_dir(args) / "tokenizer.json")
 
     def execute(self, requests):
-        return execute_batched(requests, parse=_parse, compute=self.detokenizer.decode,
-                               respond=lambda _parsed, text: [string_tensor("text_output", [text], (1, 1))])
+        return execute_batched(requests, parse=_parse, compute=lambda reqs: _decode(self.detokenizer, reqs),
+                               respond=lambda _parsed, texts: [string_tensor("text_output", texts, (len(texts), 1))])

@@ -6,37 +6,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from codegen_preprocess.prompt_encoder import PromptEncoder, PromptRequest, context_window  # noqa: E402
-from gptj_generator.request_inputs import scalar_input, stop_words_input  # noqa: E402
-from stage_common.errors import BadInput  # noqa: E402
+from codegen_preprocess.prompt_encoder import PromptEncoder, context_window  # noqa: E402
+from codegen_preprocess.row_params import RowLimits, parse_rows  # noqa: E402
 from stage_common.params import config_param  # noqa: E402
-from stage_common.triton_io import execute_batched, load_model_config, text_rows, version_dir  # noqa: E402
+from stage_common.triton_io import execute_batched, load_model_config, string_tensor, version_dir  # noqa: E402
 
 
-def _parse(request) -> PromptRequest:
-    rows = text_rows(request, "text_input")
-    if len(rows) != 1:
-        raise BadInput(f"send one prompt per request, got {len(rows)}")
-    stop_words_input(request)  # only checked here (valid UTF-8); the generator uses them
-    return PromptRequest(rows[0], int(scalar_input(request, "request_output_len", required=True)),
-                         temperature=float(scalar_input(request, "temperature", 0.0)),
-                         top_k=int(scalar_input(request, "runtime_top_k", 0)),
-                         top_p=float(scalar_input(request, "runtime_top_p", 1.0))).check()
-
-
-def _respond(_request, ids: np.ndarray) -> list:
-    return [pb_utils.Tensor("input_ids", ids[None, :]),
-            pb_utils.Tensor("input_lengths", np.array([[ids.shape[0]]], dtype=np.int32))]
+def _respond(rows, ids_per_row: list[np.ndarray]) -> list:
+    width = max(ids.shape[0] for ids in ids_per_row)
+    ids = np.zeros((len(ids_per_row), width), np.int32)
+    for i, row in enumerate(ids_per_row):
+        ids[i, :row.shape[0]] = row
+    lengths = np.array([[row.shape[0]] for row in ids_per_row], np.int32)
+    return [pb_utils.Tensor("input_ids", ids), pb_utils.Tensor("input_lengths", lengths),
+            string_tensor("generation_params", [r.params.to_json() for r in rows], (len(rows), 1))]
 
 
 class TritonPythonModel:
-    """text_input (TYPE_STRING [1]), request_output_len [+ sampling inputs, stop_words, all only
-    checked here] -> input_ids (INT32 [-1]), input_lengths (INT32 [1])."""
+    """text_input (TYPE_STRING [1]) per row, max_tokens/request_output_len, sampling inputs, stop_words,
+    sampling_parameters (JSON), exclude_input_in_output, stream -> input_ids (INT32 [-1], right-padded
+    with 0 to the longest row), input_lengths (INT32 [1]), generation_params (TYPE_STRING [1]: the
+    row's resolved parameters, JSON). Every limit is checked here, before the generator."""
 
     def initialize(self, args):
         config, folder = load_model_config(args), version_dir(args)
+        self.limits = RowLimits(max_prompt_bytes=config_param(config, "max_prompt_bytes", int),
+                                max_stop_words=config_param(config, "max_stop_words", int),
+                                max_stop_word_chars=config_param(config, "max_stop_word_chars", int))
         self.encoder = PromptEncoder(folder / "tokenizer.json", context_window(folder / "config.json"),
                                      config_param(config, "max_tokens_limit", int))
 
     def execute(self, requests):
-        return execute_batched(requests, parse=_parse, compute=self.encoder.encode, respond=_respond)
+        return execute_batched(requests, parse=lambda r: parse_rows(r, self.limits), compute=self.encoder.encode_rows,
+                               respond=_respond)

@@ -52,3 +52,19 @@ class PromptEncoder:
             except BadInput as exc:
                 out.append(exc)
         return out
+
+    def encode_rows(self, requests: list[list]) -> list[list[np.ndarray] | BadInput]:
+        """encode for requests of several rows (PromptRow: prompt + params): one list of ids per request,
+        or the error of its first bad row (a request is the client's one unit)."""
+        flat = [PromptRequest(row.prompt, row.params.max_tokens) for rows in requests for row in rows]
+        encoded = iter(self.encode(flat))
+        out: list = []
+        for rows in requests:
+            ids = [next(encoded) for _ in rows]
+            bad = [(i, e) for i, e in enumerate(ids) if isinstance(e, BadInput)]
+            if bad:
+                i, error = bad[0]
+                out.append(BadInput(f"row {i}: {error}") if len(rows) > 1 else error)
+            else:
+                out.append(ids)
+        return out

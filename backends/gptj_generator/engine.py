@@ -8,6 +8,7 @@ sequence leaves it at once, and the all-padding columns this leaves at the left 
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -17,9 +18,18 @@ from typing import Callable, Protocol, Sequence
 import torch
 from transformers import DynamicCache
 
-from gptj_generator.request_checks import check_lengths
+from gptj_generator.request_checks import check_lengths, check_stop_words
 from gptj_generator.sampling import SamplingParams, sample
 from gptj_generator.text_stream import TextStream
+from stage_common.errors import Overloaded
+
+_log = logging.getLogger("stage")
+# the engine's own end reasons -> OpenAI's finish_reason
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "cancelled"}
+
+
+class DecodeLoopDied(RuntimeError):
+    """The decode loop failed outside any one sequence: every request in the engine is failed with it."""
 
 
 class Sink(Protocol):
@@ -58,18 +68,22 @@ class GenerationEngine:
     def __init__(self, model, token_bytes: Sequence[bytes], eos_token_id: int | None, max_batch_size: int,
                  max_tokens_limit: int, device: torch.device | str = "cpu",
                  on_progress: Callable[["GenerationEngine"], None] | None = None, cancel_poll_seconds: float = 0.1,
-                 prefill_token_budget: int = 2048):
+                 prefill_token_budget: int = 2048, max_pending: int = 256, max_stop_words: int = 8,
+                 max_stop_word_chars: int = 64):
         self.model, self.token_bytes, self.eos = model, token_bytes, eos_token_id
         self.on_progress = on_progress  # called after every loop turn (statistics)
-        # asking a sink whether its client left may cost a round trip to the server: not every step
+        # asking a sink whether its client left costs a round trip to the server: every step (0) or less often
         self.cancel_poll_seconds, self._polled_at = cancel_poll_seconds, 0.0
         self.max_batch_size, self.max_tokens_limit = max_batch_size, max_tokens_limit
         self.prefill_token_budget = prefill_token_budget
+        self.max_pending = max_pending  # requests waiting for a row; over it submit refuses (Overloaded)
+        self.max_stop_words, self.max_stop_word_chars = max_stop_words, max_stop_word_chars
         self.context_window = model.config.n_positions
         self.device = torch.device(device)
         self._pending: deque[_Sequence] = deque()
         self._wakeup = threading.Condition()
         self._running: list[_Sequence] = []
+        self._admitted: list[_Sequence] = []  # taken from pending, being prefilled
         self._cache: DynamicCache | None = None
         self._mask: torch.Tensor | None = None  # [rows, cache length]: 1 = real token, 0 = left padding
         self._stopping = False
@@ -80,20 +94,26 @@ class GenerationEngine:
         # each loop turn's time once for every sequence in it: what Triton's per-request compute
         # statistics would show for a model batched per execution (the seed's share metric)
         self.request_seconds = 0.0
-        self._thread = threading.Thread(target=self._loop, name="gptj-decode-loop", daemon=True)
+        self.restarts = 0  # times the supervisor restarted a dead decode loop
+        self._thread = threading.Thread(target=self._supervise, name="gptj-decode-loop", daemon=True)
         self._thread.start()
 
     # ---- requests ---------------------------------------------------------------------------
     def validate(self, request: GenerationRequest) -> None:
         check_lengths(len(request.input_ids), request.max_tokens, self.context_window, self.max_tokens_limit)
+        check_stop_words(request.stop_words, self.max_stop_words, self.max_stop_word_chars)
         request.sampling.validate()
 
     def submit(self, request: GenerationRequest, sink: Sink) -> None:
-        """Queue a request (BadInput if it is unusable); it joins the running batch at the next step."""
+        """Queue a request (BadInput if it is unusable, Overloaded if too many wait for a row already);
+        it joins the running batch at the next step."""
         self.validate(request)
         seq = _Sequence(request, sink, TextStream(self.token_bytes, request.stop_words),
-                        request.sampling.new_generator())
+                        request.sampling.new_generator(self.device))
         with self._wakeup:
+            if len(self._pending) >= self.max_pending:
+                raise Overloaded(f"the generator has {len(self._pending)} requests waiting for a row, its limit "
+                                 f"(max_pending_requests): retry later")
             self._pending.append(seq)
             self._wakeup.notify()
 
@@ -107,6 +127,14 @@ class GenerationEngine:
     def active(self) -> int:
         return len(self._running) + len(self._pending)
 
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
     def close(self) -> None:
         with self._wakeup:
             self._stopping = True
@@ -114,6 +142,31 @@ class GenerationEngine:
         self._thread.join()
 
     # ---- decode loop --------------------------------------------------------------------------
+    def _supervise(self) -> None:
+        """Runs the decode loop; if it dies, every running and waiting request fails at once and the
+        loop starts again on a fresh cache, so new requests are served."""
+        while True:
+            try:
+                self._loop()
+                return
+            except BaseException as exc:  # noqa: BLE001 - nothing may end the loop for good
+                with self._wakeup:
+                    running = self._running + [s for s in self._admitted if s not in self._running]
+                    doomed, self._pending, self._admitted = running + list(self._pending), deque(), []
+                    self._running, self._cache, self._mask = [], None, None
+                    self.restarts += 1
+                _log.error("codegen decode loop died (%r); failing %d request(s) and restarting it", exc,
+                           len(doomed), exc_info=exc)
+                for seq in doomed:
+                    self._fail(seq, DecodeLoopDied(f"the decode loop failed: {exc!r}"))
+
+    @staticmethod
+    def _fail(seq: _Sequence, error: BaseException) -> None:
+        try:
+            seq.sink.fail(error)
+        except Exception:  # noqa: BLE001 - a sink that cannot even fail must not stop the others
+            _log.exception("could not report a failure to a codegen request")
+
     def _loop(self) -> None:
         while True:
             with self._wakeup:
@@ -131,25 +184,26 @@ class GenerationEngine:
             started, taking_part = time.perf_counter(), 0
             poll = started - self._polled_at >= self.cancel_poll_seconds
             self._polled_at = started if poll else self._polled_at
-            try:
-                admitted = [seq for seq in admitted if not self._gone(seq, keys, poll)]
-                self._drop_cancelled(keys, poll)
-                taking_part = len(admitted) + len(self._running)
-                for group in self._prefill_groups(admitted):
-                    self._prefill(group)
-                if self._running:
-                    self._decode_step()
-            except Exception as exc:  # noqa: BLE001 - fail the requests in flight, keep serving new ones
-                for seq in self._running + [s for s in admitted if s not in self._running]:
-                    seq.sink.fail(exc)
-                self._running, self._cache, self._mask = [], None, None
+            # a failure from here on (e.g. in the forward pass) leaves the batch's cache unusable: the
+            # supervisor fails everything in the engine and restarts the loop on a fresh cache
+            self._admitted = [seq for seq in admitted if not self._gone(seq, keys, poll)]
+            self._drop_cancelled(keys, poll)
+            taking_part = len(self._admitted) + len(self._running)
+            for group in self._prefill_groups(self._admitted):
+                self._prefill(group)
+            self._admitted = []
+            if self._running:
+                self._decode_step()
             elapsed = time.perf_counter() - started
             self.busy_seconds += elapsed
             self.request_seconds += elapsed * taking_part
             if self.on_progress is not None:
-                self.on_progress(self)
+                try:
+                    self.on_progress(self)
+                except Exception:  # noqa: BLE001 - statistics must never stop the generation
+                    _log.exception("codegen progress callback failed (ignored)")
         for seq in self._running + list(self._pending):
-            seq.sink.fail(RuntimeError("the generator is shutting down"))
+            self._fail(seq, RuntimeError("the generator is shutting down"))
 
     def _prefill_groups(self, seqs: list[_Sequence]) -> list[list[_Sequence]]:
         """Requests admitted together are prefilled together, up to a padded-token budget (the
@@ -180,7 +234,9 @@ class GenerationEngine:
         cache = DynamicCache()
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                          use_cache=True)
-        keep = [row for row, seq in enumerate(seqs) if self._accept(seq, self._choose(seq, out.logits[row, -1]))]
+        logits = out.logits[:, -1]
+        greedy = logits.argmax(-1).tolist()
+        keep = [row for row, seq in enumerate(seqs) if self._accept(seq, greedy[row], logits[row])]
         if keep:
             if len(keep) < len(seqs):
                 mask = self._select_rows(cache, mask, keep)
@@ -201,22 +257,17 @@ class GenerationEngine:
         keep = []
         for i, seq in enumerate(rows):
             seq.cached += 1
-            token = greedy[i] if seq.generator is None else self._choose(seq, logits[i])
-            if self._accept(seq, token):
+            if self._accept(seq, greedy[i], logits[i]):
                 keep.append(i)
         if len(keep) < len(rows):
             self._keep_rows(keep)
 
-    @staticmethod
-    def _choose(seq: _Sequence, logits: torch.Tensor) -> int:
-        if seq.generator is None:
-            return int(logits.argmax())
-        return sample(logits, seq.request.sampling, seq.generator)
-
-    def _accept(self, seq: _Sequence, token: int) -> bool:
-        """Record the next token, release what can be streamed; False once the sequence is done."""
-        seq.generated.append(token)
+    def _accept(self, seq: _Sequence, greedy: int, logits: torch.Tensor) -> bool:
+        """Choose and record the next token, release what can be streamed; False once the sequence is
+        done. Everything here is this sequence's alone: a failure fails it and no batch-mate."""
         try:
+            token = greedy if seq.generator is None else sample(logits, seq.request.sampling, seq.generator)
+            seq.generated.append(token)
             if token == self.eos:
                 return self._finish(seq, "eos")
             released = seq.stream.push(token)
@@ -226,8 +277,8 @@ class GenerationEngine:
                 return self._finish(seq, "stop")
             if len(seq.generated) >= seq.request.max_tokens:
                 return self._finish(seq, "length")
-        except Exception as exc:  # noqa: BLE001 - a failed send means the client is gone: free its row
-            seq.sink.fail(exc)
+        except Exception as exc:  # noqa: BLE001 - e.g. the client is gone: free its row, keep the others
+            self._fail(seq, exc)
             return False
         return True
 

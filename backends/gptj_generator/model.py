@@ -7,14 +7,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from gptj_generator.engine import GenerationRequest  # noqa: E402
+from gptj_generator.engine import FINISH_REASONS, GenerationRequest  # noqa: E402
 from gptj_generator.loading import load_engine  # noqa: E402
 from gptj_generator.request_inputs import scalar_input, stop_words_input  # noqa: E402
 from gptj_generator.sampling import SamplingParams  # noqa: E402
 from stage_common.errors import BadInput  # noqa: E402
 from stage_common.params import config_param  # noqa: E402
 from stage_common.torch_runtime import configure_torch  # noqa: E402
-from stage_common.triton_io import error_response, input_array, load_model_config, version_dir  # noqa: E402
+from stage_common.triton_io import (error_response, input_array, load_model_config, string_tensor,  # noqa: E402
+                                    version_dir)
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -38,28 +39,31 @@ def parse(request) -> tuple[GenerationRequest, bool]:
 
 class ResponseSink:
     """One request's response sender: a response per released chunk of ids when streaming, else one
-    response with all of them. The last response carries the final flag (each send is a round trip
-    to the server, so no separate empty one)."""
+    response with all of them. Every response carries finish_reason ("" until the last) and
+    completion_tokens (ids released so far); the last one carries the final flag (each send is a round
+    trip to the server, so no separate empty one)."""
 
     def __init__(self, request, sender, streaming: bool):
         self.request, self.sender, self.streaming = request, sender, streaming
         self.collected: list[int] = []
+        self.count = 0
 
-    def _respond(self, ids: list[int], flags: int = 0) -> None:
-        self.sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("output_ids", np.array([ids], np.int32))]),
-                         flags=flags)
+    def _respond(self, ids: list[int], reason: str = "", flags: int = 0) -> None:
+        self.sender.send(pb_utils.InferenceResponse([
+            pb_utils.Tensor("output_ids", np.array([ids], np.int32)),
+            string_tensor("finish_reason", [reason], (1, 1)),
+            pb_utils.Tensor("completion_tokens", np.array([[self.count]], np.int32))]), flags=flags)
 
     def send(self, token_ids: list[int]) -> None:
+        self.count += len(token_ids)
         if self.streaming:
             self._respond(token_ids)
         else:
             self.collected += token_ids
 
     def finish(self, reason: str, token_ids: list[int]) -> None:
-        if self.streaming and not token_ids:
-            self.sender.send(flags=FINAL)
-        else:
-            self._respond(token_ids if self.streaming else self.collected + token_ids, FINAL)
+        self.count += len(token_ids)
+        self._respond(token_ids if self.streaming else self.collected + token_ids, FINISH_REASONS[reason], FINAL)
 
     def fail(self, error: BaseException) -> None:
         try:
@@ -90,13 +94,25 @@ class EngineMetrics:
                                   "nv_inference_compute_infer_duration_us counts a batched execution)",
                                   pb_utils.MetricFamily.COUNTER),
         ]
-        self.active, self.steps, self.rows, self.compute_us, self.request_compute_us = (
-            family.Metric(labels) for family in self._families)
+        self._families += [
+            pb_utils.MetricFamily("codegen_generator_active_sequences", "sequences in the decode batch",
+                                  pb_utils.MetricFamily.GAUGE),
+            pb_utils.MetricFamily("codegen_generator_pending_requests", "requests waiting for a row of the "
+                                  "decode batch (bounded by max_pending_requests)", pb_utils.MetricFamily.GAUGE)]
+        (self.active, self.steps, self.rows, self.compute_us, self.request_compute_us, self.running_gauge,
+         self.pending_gauge) = (family.Metric(labels) for family in self._families)
         self._seen = (0, 0, 0, 0)
+        self._gauges = (-1, -1)
         self._updated_at = 0.0
 
     def update(self, engine) -> None:
-        """Each metric call is a round trip to the server: at most every 0.2 s, and when idle."""
+        """Each metric call is a round trip to the server: the two gauges every loop turn they change,
+        the rest at most every 0.2 s, and when idle."""
+        gauges = (engine.running, engine.pending)
+        if gauges != self._gauges:
+            self.running_gauge.set(gauges[0])
+            self.pending_gauge.set(gauges[1])
+            self._gauges = gauges
         now_s = time.monotonic()
         if engine.active and now_s - self._updated_at < 0.2:
             return
@@ -122,7 +138,11 @@ class TritonPythonModel:
         self.metrics = EngineMetrics(args["model_name"])
         self.engine = load_engine(version_dir(args), config_param(config, "max_active_sequences", int, 16),
                                   config_param(config, "max_tokens_limit", int, 512), device,
-                                  on_progress=self.metrics.update)
+                                  on_progress=self.metrics.update,
+                                  max_pending=config_param(config, "max_pending_requests", int, 256),
+                                  max_stop_words=config_param(config, "max_stop_words", int, 8),
+                                  max_stop_word_chars=config_param(config, "max_stop_word_chars", int, 64),
+                                  cancel_poll_seconds=config_param(config, "cancel_poll_seconds", float, 0.0))
 
     def execute(self, requests):
         for request in requests:
@@ -134,7 +154,10 @@ class TritonPythonModel:
                 generation, streaming = parse(request)
                 self.engine.submit(generation, ResponseSink(request, sender, streaming))
             except Exception as exc:  # noqa: BLE001 - each request fails on its own
-                sender.send(error_response(exc), flags=FINAL)
+                try:
+                    sender.send(error_response(exc), flags=FINAL)
+                except Exception:  # noqa: BLE001 - the client is gone
+                    pass
         return None
 
     def _stop(self, request, sender) -> None:

@@ -3,8 +3,12 @@ bad request fails before it reaches the generator, with INVALID_ARG on every pat
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
-from stage_common.errors import BadInput
+from stage_common.errors import BadInput, check_limit
+
+GREEDY_TEMPERATURE = 1e-5  # below it sampling is greedy (dividing logits by less overflows)
+MAX_TOP_K = 1_000_000  # top_k is bounded (0 = no limit; any value above the vocabulary means the same)
 
 
 def check_lengths(prompt_tokens: int, max_tokens: int, context_window: int, max_tokens_limit: int) -> None:
@@ -20,8 +24,17 @@ def check_lengths(prompt_tokens: int, max_tokens: int, context_window: int, max_
 
 def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
     if not math.isfinite(temperature) or temperature < 0:
-        raise BadInput(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-    if top_k < 0:
-        raise BadInput(f"top_k must be >= 0 (0 = no limit), got {top_k}")
-    if not 0.0 < top_p <= 1.0:
+        raise BadInput(f"temperature must be >= 0 and finite (0 = greedy), got {temperature}")
+    if not 0 <= top_k <= MAX_TOP_K:
+        raise BadInput(f"top_k must be >= 0 (0 = no limit) and at most {MAX_TOP_K}, got {top_k}")
+    if not (math.isfinite(top_p) and 0.0 < top_p <= 1.0):
         raise BadInput(f"top_p must be in (0, 1], got {top_p}")
+
+
+def check_stop_words(stop_words: Sequence[str], max_count: int, max_chars: int) -> None:
+    """Stop words are matched on the decode loop every sequence shares: their number and length are
+    bounded (max_stop_words, max_stop_word_chars in the generator's and preprocessing's config)."""
+    check_limit(len(stop_words), max_count, "the number of stop words", "max_stop_words")
+    for word in stop_words:
+        check_limit(len(word), max_chars, f"the length of stop word {word[:20]!r}... (characters)",
+                    "max_stop_word_chars")

@@ -8,12 +8,12 @@ from dataclasses import dataclass
 
 import torch
 
-from gptj_generator.request_checks import check_sampling
+from gptj_generator.request_checks import GREEDY_TEMPERATURE, check_sampling
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.0  # 0 = greedy
+    temperature: float = 0.0  # 0 (or below GREEDY_TEMPERATURE) = greedy
     top_k: int = 0  # 0 = no limit
     top_p: float = 1.0
     seed: int | None = None  # None = a fresh random seed
@@ -24,13 +24,15 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        # logits / 1e-40 overflow to inf and softmax to nan: a tiny temperature is the greedy limit
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
-    def new_generator(self) -> torch.Generator | None:
+    def new_generator(self, device: torch.device | str = "cpu") -> torch.Generator | None:
+        """On the logits' device (multinomial refuses a generator on another device)."""
         if self.greedy:
             return None
         seed = secrets.randbits(63) if self.seed is None else self.seed
-        return torch.Generator().manual_seed(seed)
+        return torch.Generator(device=device).manual_seed(seed)
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:

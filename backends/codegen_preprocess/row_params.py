@@ -1,0 +1,54 @@
+"""A codegen request's rows as prompts with their resolved GenerationParams (torch-free): each row is
+its own sequence; every bound a request controls is checked here, naming its config parameter."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from gptj_generator.generation_params import DEFAULT_MAX_TOKENS, GenerationParams, parse_sampling_parameters
+from gptj_generator.request_inputs import row_stop_words, row_values
+from stage_common.errors import BadInput, decode_utf8
+from stage_common.triton_io import text_rows
+
+
+@dataclass(frozen=True)
+class RowLimits:
+    max_prompt_bytes: int
+    max_stop_words: int
+    max_stop_word_chars: int
+
+
+@dataclass(frozen=True)
+class PromptRow:
+    prompt: str
+    params: GenerationParams
+
+
+def _at(values: list | None, row: int, default):
+    return default if values is None else values[row]
+
+
+def parse_rows(request, limits: RowLimits) -> list[PromptRow]:
+    prompts = text_rows(request, "text_input", limits.max_prompt_bytes, "max_prompt_bytes")
+    n = len(prompts)
+    max_tokens = row_values(request, "request_output_len", n)
+    temperature, top_k = row_values(request, "temperature", n), row_values(request, "runtime_top_k", n)
+    top_p, seed = row_values(request, "runtime_top_p", n), row_values(request, "random_seed", n)
+    exclude, stream = row_values(request, "exclude_input_in_output", n), row_values(request, "stream", n)
+    del stream  # a valid BOOL per row is all the unary model asks of it (checked by row_values)
+    sampling = row_values(request, "sampling_parameters", n)
+    stop = row_stop_words(request, n)
+    rows = []
+    for i, prompt in enumerate(prompts):
+        if not prompt:
+            raise BadInput(f"text_input{'' if n == 1 else f' row {i}'} is empty: send a prompt to continue")
+        params = GenerationParams(max_tokens=int(_at(max_tokens, i, DEFAULT_MAX_TOKENS)),
+                                  temperature=float(_at(temperature, i, 0.0)), top_k=int(_at(top_k, i, 0)),
+                                  top_p=float(_at(top_p, i, 1.0)),
+                                  seed=None if seed is None else int(seed[i]), stop=tuple(stop[i]),
+                                  exclude_input=bool(_at(exclude, i, True)))
+        if sampling is not None:
+            raw = sampling[i]
+            text = decode_utf8(raw if isinstance(raw, bytes) else str(raw).encode(), "sampling_parameters")
+            params = replace(params, **parse_sampling_parameters(text))
+        rows.append(PromptRow(prompt, params.check(limits.max_stop_words, limits.max_stop_word_chars)))
+    return rows
