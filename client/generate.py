@@ -60,6 +60,29 @@ def stream(url: str, inputs: list[grpcclient.InferInput]) -> Iterator[str]:
         client.stop_stream(cancel_requests=True)
 
 
+def complete_openai(args) -> int:
+    """The same completion through the gateway's OpenAI-compatible API, with the official SDK."""
+    import openai
+
+    client = openai.OpenAI(base_url=args.openai, api_key="unused")
+    params = dict(model="codegen", prompt=args.prompt, max_tokens=args.max_tokens, stop=args.stop, seed=args.seed,
+                  temperature=0 if args.temperature is None else args.temperature, top_p=args.top_p)
+    try:
+        print(args.prompt, end="", flush=True)
+        if args.stream:
+            for chunk in client.completions.create(stream=True, **{k: v for k, v in params.items() if v is not None}):
+                print(chunk.choices[0].text, end="", flush=True)
+        else:
+            print(client.completions.create(**{k: v for k, v in params.items() if v is not None}).choices[0].text, end="")
+        print()
+    except openai.APIError as e:
+        print(f"\nerror: {e.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # the SDK closes the connection: the gateway cancels the sequence
+        return 130
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("prompt")
@@ -71,7 +94,13 @@ def main() -> int:
     parser.add_argument("--seed", type=int)
     parser.add_argument("--stop", action="append", help="stop word (repeatable); the output ends before it")
     parser.add_argument("--url", default="localhost:8001", help="Triton gRPC address")
+    parser.add_argument("--openai", metavar="URL", help="call the gateway's /v1/completions with the openai SDK "
+                                                        "instead, e.g. http://localhost:8080/v1 (no --top-k there)")
     args = parser.parse_args()
+    if args.openai:
+        if args.top_k is not None:
+            parser.error("--top-k has no counterpart in OpenAI's completions API")
+        return complete_openai(args)
     inputs = request_inputs(args.prompt, args.max_tokens, args.temperature, args.top_k, args.top_p, args.seed,
                             args.stop)
     try:

@@ -9,7 +9,8 @@ from fastapi import FastAPI
 
 from gateway import errors, prometheus
 from gateway.registry import ModelRegistry
-from gateway.routers import embeddings, health, models, seed
+from gateway.routers import collections, completions, embeddings, health, models, seed
+from gateway.search.collections import Collections
 from gateway.settings import Settings
 from gateway.triton_engine import TritonEngine
 
@@ -25,6 +26,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             app.state.models = ModelRegistry(settings, app.state.engine)
             stack.push_async_callback(app.state.models.close)
             await app.state.models.start()
+            app.state.collections = Collections(settings)
+            stack.callback(app.state.collections.close)
+            app.state.collections.start()
             yield
 
     app = FastAPI(title="Triton pipelines gateway", version="0.1.0", lifespan=lifespan,
@@ -36,6 +40,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.extra_model_ids = []  # other model families (completions) list their ids here
     for router in (health.router, models.router, embeddings.router, seed.router):
         app.include_router(router)
+    app.include_router(completions.router)
+    app.include_router(collections.router)
+    app.state.extra_model_ids.append(settings.completions_model)  # served by codegen_stream
     return app
 
 

@@ -50,6 +50,12 @@ class Settings:
     request_timeout_s: float = 300.0
     supervisor_state_file: Path | None = None  # written by the supervisor beside Triton
     qdrant_url: str | None = None
+    # image search collections: points per request, search `limit` maximum, Faiss exact search up to
+    # this many points (HNSW above)
+    search_max_points: int = 256
+    search_max_limit: int = 100
+    faiss_hnsw_threshold: int = 50_000
+    collections_dir: Path | None = None  # default DATA_DIR/collections
     # /v1/completions: the model id clients send, its bounds (max_tokens as codegen_generator's
     # max_tokens_limit), sequences per request = prompts x n
     completions_model: str = "codegen"
@@ -87,6 +93,10 @@ class Settings:
             request_timeout_s=float(get("REQUEST_TIMEOUT_S", d.request_timeout_s)),
             supervisor_state_file=Path(state) if state else None,
             qdrant_url=get("QDRANT_URL") or None,
+            search_max_points=int(get("SEARCH_MAX_POINTS", d.search_max_points)),
+            search_max_limit=int(get("SEARCH_MAX_LIMIT", d.search_max_limit)),
+            faiss_hnsw_threshold=int(get("FAISS_HNSW_THRESHOLD", d.faiss_hnsw_threshold)),
+            collections_dir=Path(get("COLLECTIONS_DIR")).expanduser().resolve() if get("COLLECTIONS_DIR") else None,
             completions_model=get("COMPLETIONS_MODEL", d.completions_model),
             completions_max_tokens=int(get("COMPLETIONS_MAX_TOKENS", d.completions_max_tokens)),
             completions_max_n=int(get("COMPLETIONS_MAX_N", d.completions_max_n)),

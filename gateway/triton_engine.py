@@ -3,11 +3,15 @@ the event loop), numpy in and out, and Triton's error codes turned into the gate
 from __future__ import annotations
 
 import asyncio
-from typing import Mapping, Sequence
+import os
+from dataclasses import dataclass
+from typing import AsyncIterator, Mapping, Sequence
 
+import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
-from tritonclient.grpc import InferInput, InferRequestedOutput
+from tritonclient.grpc import InferInput, InferRequestedOutput, InferResult
+from tritonclient.grpc._utils import _get_inference_request
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from gateway import errors
@@ -49,10 +53,33 @@ def translate(exc: InferenceServerException, model: str) -> errors.ApiError:
     return errors.internal(exc, f"Triton call to '{model}'")
 
 
+def stream_error(message: str, model: str) -> errors.ApiError:
+    """A decoupled model's error as gRPC streaming reports it: the message alone, without Triton's status
+    code. The stages send the client's faults as plain messages, overloads naming capacity, and internal
+    faults as 'internal error (id ...)' (details in the server log), so the message tells them apart."""
+    lowered = message.lower()
+    if "internal error" in lowered or "stub process" in lowered or "traceback" in lowered:
+        return errors.internal(RuntimeError(message), f"stream from '{model}'")
+    if "over capacity" in lowered or "retry later" in lowered or "exceeds maximum queue size" in lowered:
+        return errors.Unavailable(f"model '{model}' is over capacity, retry later", code="overloaded")
+    if "unknown model" in lowered or "is not found" in lowered or "not ready" in lowered:
+        return errors.NotFound(f"model '{model}' is not loaded", code="model_not_found")
+    return errors.BadRequest(message, code="invalid_input")
+
+
+@dataclass
+class StreamResponse:
+    outputs: dict[str, np.ndarray]  # every output the response carries (empty for an empty final one)
+    final: bool
+
+
 class TritonEngine:
     def __init__(self, url: str, request_timeout_s: float = 300.0):
         self.url, self.request_timeout_s = url, request_timeout_s
         self.client = grpcaio.InferenceServerClient(url)
+        # Off loopback the launcher restricts Triton's model control to holders of this key (supervisor/exposure.py).
+        key = os.environ.get("TRITON_ADMIN_KEY")
+        self.admin_headers = {"triton-grpc-protocol-triton-admin-key": key} if key else None
 
     async def close(self) -> None:
         await self.client.close()
@@ -68,6 +95,44 @@ class TritonEngine:
             raise translate(exc, model) from None
         return {name: result.as_numpy(name) for name in outputs}
 
+    async def stream_infer(self, model: str, inputs: Mapping[str, np.ndarray],
+                           timeout_s: float | None = None) -> AsyncIterator[StreamResponse]:
+        """One request to a decoupled model over gRPC `ModelStreamInfer`: its responses as they come, the
+        last flagged final. Closing or cancelling the generator early cancels the gRPC call, which Triton
+        passes on to the model as a cancelled request (the codegen front then frees its generator row)."""
+        request = _get_inference_request(
+            model_name=model, inputs=[infer_input(n, a) for n, a in inputs.items()], model_version="",
+            request_id="", outputs=None, sequence_id=0, sequence_start=False, sequence_end=False, priority=0,
+            timeout=None, parameters=None)
+        # the aio client refuses reserved parameters: set it on the message (as the sync client does), so a
+        # model that ends with a bare FINAL flag still tells us it is done
+        request.parameters["triton_enable_empty_final_response"].bool_param = True
+
+        async def requests():
+            yield request
+
+        # the stub directly: the aio wrapper's stream_infer takes dicts and cannot set the flag above
+        call = self.client._client_stub.ModelStreamInfer(requests(), timeout=timeout_s or self.request_timeout_s)
+        done = False
+        try:
+            async for message in call:
+                if message.error_message:
+                    raise stream_error(message.error_message, model)
+                result = InferResult(message.infer_response)
+                response = result.get_response()
+                final = response.parameters["triton_final_response"].bool_param
+                outputs = {o.name: result.as_numpy(o.name) for o in response.outputs}
+                yield StreamResponse(outputs, final)
+                if final:
+                    done = True
+                    return
+            raise errors.internal(RuntimeError("stream ended without a final response"), f"stream from '{model}'")
+        except grpc.aio.AioRpcError as exc:  # the call itself failed (server gone, deadline)
+            raise translate(InferenceServerException(exc.details(), status=str(exc.code())), model) from None
+        finally:
+            if not done:
+                call.cancel()
+
     async def live(self) -> bool:
         try:
             return await self.client.is_server_live()
@@ -82,13 +147,14 @@ class TritonEngine:
 
     async def load(self, model: str, config: str | None = None) -> None:
         try:
-            await self.client.load_model(model, config=config)
+            await self.client.load_model(model, config=config, headers=self.admin_headers)
         except InferenceServerException as exc:
             raise errors.internal(exc, f"loading '{model}'") from None
 
     async def unload(self, model: str, unload_dependents: bool = True) -> None:
         try:
-            await self.client.unload_model(model, unload_dependents=unload_dependents)
+            await self.client.unload_model(model, unload_dependents=unload_dependents,
+                                           headers=self.admin_headers)
         except InferenceServerException as exc:
             raise errors.internal(exc, f"unloading '{model}'") from None
 
@@ -106,7 +172,7 @@ class TritonEngine:
 
     async def repository_index(self) -> list[dict]:
         try:
-            index = await self.client.get_model_repository_index(as_json=True)
+            index = await self.client.get_model_repository_index(headers=self.admin_headers, as_json=True)
         except InferenceServerException as exc:
             raise errors.internal(exc, "repository index") from None
         return list(index.get("models", []))

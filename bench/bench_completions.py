@@ -1,0 +1,245 @@
+"""Completions through the gateway (POST /v1/completions, stream=true) beside the same load sent
+straight to `codegen_stream` over gRPC, in the same run: output lengths 8/32/128/512 at concurrency 1
+and 16 (the seed's lengths), closed loop. Per row: requests/s, tokens/s, time to first token p50/p95,
+inter-token latency p50 (per request: (last piece - first piece) / (tokens - 1)). Goal: the gateway
+costs <= 5% of tokens/s and <= 2 ms of TTFT p50.
+
+    python bench/bench_completions.py [--url HOST:GRPC_PORT] [--window 8] [--quick]
+
+Without --url it starts its own tritonserver (the codegen models) and gateway on free ports. As a
+`make bench` entry, `run(ctx)` starts a gateway in front of the bench's server.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Awaitable, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "client")]
+
+import httpx  # noqa: E402
+
+from gateway.completions.tensors import STREAM_MODEL, sequence_inputs  # noqa: E402
+from gateway.triton_engine import TritonEngine  # noqa: E402
+from perf import LoadResult  # noqa: E402
+from tools.gateway_process import GatewayProcess  # noqa: E402
+from tools.triton_launcher import TritonServer, free_port  # noqa: E402
+
+MODELS = ["codegen_generator", "codegen", "codegen_stream"]
+PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n\n\ndef main(argv):\n",
+           "class LRUCache:\n    def __init__(self, capacity):\n", "# parse a CSV file\nwith open(path) as f:\n"]
+LENGTHS = (8, 32, 128, 512)
+CONCURRENCY = (1, 16)
+STEP_SECONDS = 0.004  # one decode step of the demo GPT-J, one row (client/bench_codegen.py)
+
+
+@dataclass
+class Timing:
+    """One streamed request: seconds from send to the first piece, from the first to the last piece,
+    and tokens generated."""
+    ttft: float
+    span: float
+    tokens: int
+    total: float
+
+
+@dataclass
+class StreamLoad(LoadResult):
+    timings: list[Timing] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(t.tokens for t in self.timings) / self.seconds
+
+    def ttft_ms(self, p: float) -> float:
+        return _percentile([t.ttft for t in self.timings], p) * 1e3
+
+    @property
+    def itl_ms(self) -> float:
+        return _percentile([t.span / (t.tokens - 1) for t in self.timings if t.tokens > 1], 50) * 1e3
+
+
+def _percentile(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
+
+
+OneRequest = Callable[[str, int], Awaitable[Timing]]
+
+
+async def _closed_loop(one: OneRequest, max_tokens: int, concurrency: int, warmup: float,
+                       window: float) -> tuple[list[Timing], int, str]:
+    """As client/perf.py counts: every request that ends inside the window counts."""
+    prompts = itertools.cycle(PROMPTS)
+    timings: list[Timing] = []
+    errors, first_error = 0, ""
+    start = time.perf_counter()
+    measure_from, measure_to = start + warmup, start + warmup + window
+
+    async def worker():
+        nonlocal errors, first_error
+        while time.perf_counter() < measure_to:
+            try:
+                timing = await one(next(prompts), max_tokens)
+            except Exception as e:  # noqa: BLE001 - counted and reported, the load goes on
+                timing, first_error = None, first_error or f"{type(e).__name__}: {e}"
+            if measure_from <= time.perf_counter() <= measure_to:
+                if timing is None:
+                    errors += 1
+                else:
+                    timings.append(timing)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return timings, errors, first_error
+
+
+def grpc_request(engine: TritonEngine) -> OneRequest:
+    """Straight to codegen_stream: the gateway's own gRPC streaming call, without the gateway."""
+    async def one(prompt: str, max_tokens: int) -> Timing:
+        t0 = time.perf_counter()
+        first = last = None
+        tokens = pieces = 0
+        async for response in engine.stream_infer(
+                STREAM_MODEL, sequence_inputs(prompt, max_tokens, 0.0, 1.0, 0, [])):
+            text = response.outputs.get("text_output")
+            if text is not None and text.reshape(-1)[0]:
+                last = time.perf_counter()
+                first, pieces = first or last, pieces + 1
+            counted = response.outputs.get("completion_tokens")
+            tokens = int(counted.reshape(-1)[0]) if counted is not None else tokens
+        end = time.perf_counter()
+        first, last = first or end, last or end
+        return Timing(first - t0, last - first, tokens or pieces, end - t0)
+    return one
+
+
+def http_request(client: httpx.AsyncClient) -> OneRequest:
+    """POST /v1/completions with stream=true and include_usage, read as server-sent events."""
+    async def one(prompt: str, max_tokens: int) -> Timing:
+        body = {"model": "codegen", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "seed": 0,
+                "stream": True, "stream_options": {"include_usage": True}}
+        t0 = time.perf_counter()
+        first = last = None
+        tokens = pieces = 0
+        async with client.stream("POST", "/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                raise RuntimeError(f"HTTP {response.status_code}: {(await response.aread())[:200]!r}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    raise RuntimeError(event["error"]["message"])
+                if event["choices"] and event["choices"][0]["text"]:
+                    last = time.perf_counter()
+                    first, pieces = first or last, pieces + 1
+                if event.get("usage"):
+                    tokens = event["usage"]["completion_tokens"]
+        end = time.perf_counter()
+        first, last = first or end, last or end
+        return Timing(first - t0, last - first, tokens or pieces, end - t0)
+    return one
+
+
+async def _measure(label: str, grpc_url: str, gateway_url: str | None, max_tokens: int, concurrency: int,
+                   warmup: float, window: float) -> StreamLoad:
+    if gateway_url is None:
+        engine = TritonEngine(grpc_url)
+        try:
+            timings, errors, first_error = await _closed_loop(grpc_request(engine), max_tokens, concurrency,
+                                                              warmup, window)
+        finally:
+            await engine.close()
+    else:
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        async with httpx.AsyncClient(base_url=gateway_url, timeout=300, limits=limits) as client:
+            timings, errors, first_error = await _closed_loop(http_request(client), max_tokens, concurrency,
+                                                              warmup, window)
+    return StreamLoad(label, concurrency, window, [t.total for t in timings], errors, 1, first_error, {}, timings)
+
+
+def window_for(max_tokens: int, concurrency: int, window: float) -> float:
+    """Long enough for several whole requests (only requests that end inside the window count)."""
+    return max(window, 3 * STEP_SECONDS * max_tokens * (1 + concurrency / 8))
+
+
+def row(result: StreamLoad, max_tokens: int) -> str:
+    return (f"{result.model:>7} {max_tokens:4d} {result.concurrency:3d} {result.throughput:8.2f} "
+            f"{result.tokens_per_s:9.1f} {result.ttft_ms(50):8.1f} {result.ttft_ms(95):8.1f} {result.itl_ms:7.2f}"
+            f" {len(result.timings):5d}" + (f"  errors {result.errors}: {result.first_error[:120]}" if result.errors else ""))
+
+
+def compare(grpc_url: str, gateway_url: str, window: float, warmup: float, quick: bool = False) -> list[dict]:
+    lengths = (8, 128) if quick else LENGTHS
+    print("   path  out   c    req/s  tokens/s  TTFT p50  TTFT p95  ITL p50  reqs   (ms)", flush=True)
+    out = []
+    for max_tokens in lengths:
+        for concurrency in CONCURRENCY:
+            w = window_for(max_tokens, concurrency, window)
+            direct = asyncio.run(_measure("grpc", grpc_url, None, max_tokens, concurrency, warmup, w))
+            print(row(direct, max_tokens), flush=True)
+            via = asyncio.run(_measure("gateway", grpc_url, gateway_url, max_tokens, concurrency, warmup, w))
+            print(row(via, max_tokens), flush=True)
+            cost = 100 * (1 - via.tokens_per_s / direct.tokens_per_s) if direct.tokens_per_s else float("nan")
+            extra_ttft = via.ttft_ms(50) - direct.ttft_ms(50)
+            print(f"         gateway cost: {cost:+.1f}% of tokens/s (goal <= 5%), {extra_ttft:+.2f} ms of TTFT p50 "
+                  f"(goal <= 2 ms)", flush=True)
+            out.append({"max_tokens": max_tokens, "concurrency": concurrency, "cost_pct": cost,
+                        "extra_ttft_ms": extra_ttft})
+    met = [r for r in out if r["cost_pct"] <= 5 and r["extra_ttft_ms"] <= 2]
+    print(f"\ngoals met in {len(met)} of {len(out)} rows", flush=True)
+    return out
+
+
+def run(ctx) -> None:
+    """The `make bench` entry: a gateway in front of the bench's tritonserver."""
+    with tempfile.TemporaryDirectory() as data:
+        gateway = GatewayProcess(ctx.grpc_url, port=free_port(), data_dir=Path(data),
+                                 log_file=Path(data) / "gateway.log")
+        gateway.start(timeout=180)
+        try:
+            compare(ctx.grpc_url, gateway.url, ctx.window, ctx.warmup, ctx.quick)
+        finally:
+            gateway.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", help="gRPC URL of a running server with the codegen models loaded")
+    parser.add_argument("--window", type=float, default=8.0)
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    server = None
+    if args.url is None:
+        log = ROOT / "bench-results" / "tritonserver-completions.log"
+        log.parent.mkdir(exist_ok=True)
+        server = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                              explicit_models=MODELS, log_file=log)
+        server.start(timeout=600)
+
+    class Ctx:
+        grpc_url = args.url or server.grpc_url
+        window, warmup, quick = args.window, args.warmup, args.quick
+
+    try:
+        run(Ctx())
+    finally:
+        if server:
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

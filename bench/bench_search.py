@@ -1,0 +1,201 @@
+"""Image search (issue 11): the stores in process, then the gateway end to end.
+
+1. Stores: ingest N (default 100,000) random normalized 512-d vectors (each write durable, as the
+   gateway does it) into Faiss exact (IndexFlatIP), Faiss HNSW, and Qdrant local mode (ingest bounded by
+   --qdrant-budget seconds: it is brute-force Python; the count reached is reported); then search at
+   concurrency 1 and 16 (threads, closed loop): p50/p95 ms, searches/s, recall@10 against exact search.
+2. Gateway: 1,000 generated images indexed through POST /collections/NAME/points with the demo CLIP
+   (images/s, Triton embedding included), then POST .../search by vector and by image at concurrency 1
+   and 16 over HTTP (bench/http_load.py).
+
+    python bench/bench_search.py [--vectors 100000] [--images 1000] [--window 5] [--quick]
+As a `make bench` entry (`client/bench.py --only search`) it starts its own tritonserver for part 2
+(the gateway's generated models live in a DATA_DIR that server must serve).
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import itertools
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "client"), str(ROOT / "bench")]
+
+from http_load import run_http_load  # noqa: E402
+from perf import format_report  # noqa: E402
+from search import demo_image, encode  # noqa: E402
+
+from gateway.search.faiss_store import FaissStore  # noqa: E402
+from gateway.search.stores import normalize_rows  # noqa: E402
+
+MODELS: list[str] = []  # part 2 starts its own server (generated models)
+DIM = 512
+CLIP = "demo_models/clip-demo"
+
+
+def random_vectors(n: int, seed: int) -> np.ndarray:
+    return normalize_rows(np.random.default_rng(seed).standard_normal((n, DIM), dtype=np.float32))
+
+
+def ingest(store, vectors: np.ndarray, batch: int, budget: float | None = None) -> tuple[int, float]:
+    start = time.perf_counter()
+    done = 0
+    for lo in range(0, len(vectors), batch):
+        chunk = vectors[lo:lo + batch]
+        store.upsert([f"v{i}" for i in range(lo, lo + len(chunk))], chunk, [{}] * len(chunk))
+        done += len(chunk)
+        if budget is not None and time.perf_counter() - start > budget:
+            break
+    return done, time.perf_counter() - start
+
+
+def closed_loop(search, queries: np.ndarray, concurrency: int, window: float) -> tuple[list[float], float]:
+    latencies: list[float] = []
+    lock, stop = threading.Lock(), time.perf_counter() + window
+    counter = itertools.count()
+
+    def worker():
+        mine = []
+        while time.perf_counter() < stop:
+            q = queries[next(counter) % len(queries)]
+            t = time.perf_counter()
+            search(q)
+            mine.append(time.perf_counter() - t)
+        with lock:
+            latencies.extend(mine)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return latencies, len(latencies) / (time.perf_counter() - started)
+
+
+def recall_at_10(search, queries: np.ndarray, truth: list[set]) -> float:
+    return float(np.mean([len({h.id for h in search(q)} & t) / 10 for q, t in zip(queries, truth)]))
+
+
+def bench_stores(n: int, window: float, qdrant_budget: float, folder: Path) -> None:
+    vectors, queries = random_vectors(n, 0), random_vectors(200, 1)
+    exact = FaissStore(folder / "exact", DIM, hnsw_threshold=n + 1)
+    rows = []
+    count, seconds = ingest(exact, vectors, 10_000)
+    truth = [{h.id for h in exact.exact_search(q, 10)} for q in queries]
+    stores = [("faiss flat (exact)", exact, count, seconds)]
+    hnsw = FaissStore(folder / "hnsw", DIM, hnsw_threshold=0)
+    count, seconds = ingest(hnsw, vectors, 10_000)
+    stores.append(("faiss HNSW", hnsw, count, seconds))
+    from gateway.search.qdrant_store import QdrantStore, open_client
+
+    client = open_client(folder / "qdrant")
+    try:
+        qdrant = QdrantStore(client, "bench", DIM, threading.Lock())
+        count, seconds = ingest(qdrant, vectors, 2_000, qdrant_budget)
+        stores.append(("qdrant local", qdrant, count, seconds))
+        for label, store, count, seconds in stores:
+            search = (lambda q, s=store: s.search(q, 10))
+            sub_truth = truth if count == n else [{h.id for h in exact._exact(normalize_rows(q), 10, list(range(count)))}
+                                                  for q in queries]
+            recall = recall_at_10(search, queries, sub_truth)
+            for concurrency in (1, 16):
+                lat, rate = closed_loop(search, queries, concurrency, window)
+                p50, p95 = (np.percentile(lat, p) * 1e3 for p in (50, 95))
+                rows.append((label, count, seconds, concurrency, p50, p95, rate, recall))
+                print(f"{label:20s} n={count:6d} ingest {seconds:7.1f}s ({count / seconds:8.0f}/s)  c={concurrency:2d} "
+                      f"p50 {p50:8.2f} ms p95 {p95:8.2f} ms {rate:8.1f} searches/s recall@10 {recall:.3f}",
+                      flush=True)
+    finally:
+        client.close()
+    print("\nsummary (stores, 512-d random normalized vectors):")
+    print("  store                | points | ingest s | conc | p50 ms | p95 ms | searches/s | recall@10")
+    for label, count, seconds, concurrency, p50, p95, rate, recall in rows:
+        print(f"  {label:20s} | {count:6d} | {seconds:8.1f} | {concurrency:4d} | {p50:6.2f} | {p95:6.2f} | "
+              f"{rate:10.1f} | {recall:.3f}")
+    print(flush=True)
+
+
+def bench_gateway(images: int, window: float, warmup: float) -> None:
+    import httpx
+
+    from tools.gateway_process import GatewayProcess
+    from tools.triton_launcher import TritonServer, free_port
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp)
+        server = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                              explicit_models=[], log_file=data / "tritonserver.log",
+                              extra_repositories=[data / "triton_models"])
+        server.start(timeout=300)
+        gateway = None
+        try:
+            gateway = GatewayProcess(server.grpc_url, port=free_port(), data_dir=data, env={"PRELOAD_MODELS": ""},
+                                     log_file=data / "gateway.log").start(timeout=180)
+            pngs = [base64.b64encode(encode(demo_image(i))).decode() for i in range(images)]
+            with httpx.Client(base_url=gateway.url, timeout=600) as http:
+                http.post("/load_clip_model", json={"model_name": CLIP}).raise_for_status()
+                for store in ("faiss", "qdrant"):
+                    name = f"bench-{store}"
+                    http.put(f"/collections/{name}", json={"model": CLIP, "store": store}).raise_for_status()
+                    start = time.perf_counter()
+                    for lo in range(0, images, 64):
+                        points = [{"id": f"img-{i}", "image": pngs[i], "payload": {"pattern": i % 8}}
+                                  for i in range(lo, min(images, lo + 64))]
+                        http.post(f"/collections/{name}/points", json={"points": points}).raise_for_status()
+                    seconds = time.perf_counter() - start
+                    print(f"gateway {store}: indexed {images} images in {seconds:.1f}s = {images / seconds:.1f} images/s "
+                          "(PNG 96x96, demo CLIP through Triton, batches of 64)", flush=True)
+                dim = http.get("/collections/bench-faiss").json()["dimension"]
+            vecs = itertools.cycle(random_vectors(200, 2)[:, :dim].tolist())
+            imgs = itertools.cycle(pngs[:50])
+            for store in ("faiss", "qdrant"):
+                url = f"{gateway.url}/collections/bench-{store}/search"
+                for kind, make in (("vector", lambda: {"vector": next(vecs), "limit": 10}),
+                                   ("image", lambda: {"image": next(imgs), "limit": 10})):
+                    for concurrency in (1, 16):
+                        result = run_http_load(url, make, concurrency, window, warmup,
+                                               label=f"gateway search {store} by {kind}")
+                        print(f"---- gateway POST /collections/bench-{store}/search by {kind} (1,000 points), "
+                              f"concurrency {concurrency}")
+                        print(format_report(result), flush=True)
+        finally:
+            if gateway:
+                gateway.stop()
+            server.stop()
+
+
+def run(ctx) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        bench_stores(20_000 if ctx.quick else 100_000, min(ctx.window, 5.0), 30 if ctx.quick else 120, Path(tmp))
+    bench_gateway(200 if ctx.quick else 1000, min(ctx.window, 5.0), ctx.warmup)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--vectors", type=int, default=100_000)
+    parser.add_argument("--images", type=int, default=1000)
+    parser.add_argument("--window", type=float, default=5.0)
+    parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--qdrant-budget", type=float, default=120.0, help="seconds of Qdrant ingest at most")
+    parser.add_argument("--skip-gateway", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="20k vectors, 200 images, 2 s windows")
+    args = parser.parse_args()
+    if args.quick:
+        args.vectors, args.images, args.window, args.warmup, args.qdrant_budget = 20_000, 200, 2.0, 0.5, 30
+    with tempfile.TemporaryDirectory() as tmp:
+        bench_stores(args.vectors, args.window, args.qdrant_budget, Path(tmp))
+    if not args.skip_gateway:
+        bench_gateway(args.images, args.window, args.warmup)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""OpenAI's completion shapes: the unary response, stream chunks, the usage chunk, and SSE framing."""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+DONE = b"data: [DONE]\n\n"
+
+
+class Header:
+    """id, created and model: the same on a response and on every chunk of its stream."""
+
+    def __init__(self, model: str):
+        self.id, self.created, self.model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), model
+
+    def base(self) -> dict:
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model}
+
+
+def choice(index: int, text: str, finish_reason: str | None) -> dict:
+    return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": None}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def response(header: Header, choices: list[dict], usage_: dict) -> dict:
+    return {**header.base(), "choices": choices, "usage": usage_}
+
+
+def chunk(header: Header, index: int, text: str, finish_reason: str | None) -> dict:
+    return {**header.base(), "choices": [choice(index, text, finish_reason)]}
+
+
+def usage_chunk(header: Header, usage_: dict) -> dict:
+    return {**header.base(), "choices": [], "usage": usage_}
+
+
+def sse(data: dict) -> bytes:
+    return b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n\n"
+
+
+def total_usage(prompt_tokens_by_prompt: dict[int, int], completion_tokens: list[int]) -> dict:
+    """OpenAI counts each prompt once, however many choices (n) it has."""
+    return usage(sum(prompt_tokens_by_prompt.values()), sum(completion_tokens))

@@ -1,0 +1,288 @@
+"""/v1/completions through the live gateway with the real `openai` SDK, compared with the `codegen`
+ensemble called straight over gRPC and with the codegen tokenizer's counts; disconnects checked on the
+generator's active-sequences gauge (Triton's metrics port)."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.parse
+import urllib.request
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from model_configs import MODEL_REPOSITORY
+
+pytestmark = pytest.mark.integration
+
+PROMPTS = ["def fibonacci(n):", "import os\n", "class Stack:\n    def __init__(self):\n", "x = [",
+           "for i in range(10):\n", "# read a file\n", "def add(a, b):\n    return", "while True:\n"]
+ACTIVE = "codegen_generator_active_sequences"  # the generator's gauge of sequences in its decode batch
+
+
+@pytest.fixture(scope="module")
+def api(gateway):
+    gateway.triton.load("codegen_generator", "codegen", "codegen_stream")
+    return gateway
+
+
+@pytest.fixture(scope="module")
+def sdk(api):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=api.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(MODEL_REPOSITORY / "codegen_preprocess" / "1" / "tokenizer.json"))
+
+
+def direct(api, prompt: str, max_tokens: int, **optional) -> dict:
+    """The `codegen` ensemble over gRPC, one row: every output as a Python value."""
+    arrays = {"text_input": np.array([[prompt.encode()]], dtype=np.object_),
+              "max_tokens": np.array([[max_tokens]], dtype=np.int32)}
+    if "stop" in optional:
+        arrays["stop_words"] = np.array([[w.encode() for w in optional["stop"]]], dtype=np.object_)
+    inputs = []
+    for name, array in arrays.items():
+        tensor = grpcclient.InferInput(name, list(array.shape), "BYTES" if array.dtype == np.object_ else "INT32")
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    result = api.triton.client.infer("codegen", inputs, client_timeout=300)
+    out = {}
+    for name in ("text_output", "finish_reason", "prompt_tokens", "completion_tokens"):
+        array = result.as_numpy(name)  # None if the model lacks the output: a KeyError where a test needs it
+        if array is None:
+            continue
+        value = array.reshape(-1)[0]
+        out[name] = value.decode() if isinstance(value, bytes) else int(value)
+    return out
+
+
+GAUGE_TRACE: list[tuple[float, float]] = []  # (time, value) at each change: shown when a wait times out
+
+
+def active_sequences(api) -> float:
+    with urllib.request.urlopen(api.triton.server.metrics_url, timeout=10) as response:
+        values = {line.split("{", 1)[0].split(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                  for line in response.read().decode().splitlines() if line and not line.startswith("#")}
+    assert ACTIVE in values, f"{ACTIVE} is not on Triton's metrics port"
+    if not GAUGE_TRACE or GAUGE_TRACE[-1][1] != values[ACTIVE]:
+        GAUGE_TRACE.append((round(time.monotonic(), 2), values[ACTIVE]))
+    return values[ACTIVE]
+
+
+def wait_for(condition, timeout: float = 60.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}; gauge changes: {GAUGE_TRACE[-12:]}"
+        time.sleep(0.05)
+
+
+def events(lines) -> list:
+    """SSE `data:` payloads from an iterator of lines."""
+    out = []
+    for line in lines:
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def test_greedy_text_usage_and_length_equal_codegen(api, sdk, tokenizer):
+    prompt, max_tokens = PROMPTS[0], 24
+    reference = direct(api, prompt, max_tokens)
+    completion = sdk.completions.create(model="codegen", prompt=prompt, max_tokens=max_tokens, temperature=0)
+    choice = completion.choices[0]
+    assert choice.text == reference["text_output"] and choice.finish_reason == reference["finish_reason"]
+    prompt_tokens = len(tokenizer.encode(prompt).ids)
+    if choice.finish_reason == "length":
+        assert completion.usage.completion_tokens == max_tokens
+    assert completion.usage.prompt_tokens == prompt_tokens == reference["prompt_tokens"]
+    assert completion.usage.completion_tokens == reference["completion_tokens"]
+    assert completion.usage.total_tokens == prompt_tokens + completion.usage.completion_tokens
+
+    chunks = list(sdk.completions.create(model="codegen", prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                         stream=True, stream_options={"include_usage": True}))
+    text_chunks = [c for c in chunks if c.choices]
+    assert "".join(c.choices[0].text for c in text_chunks) == reference["text_output"]
+    assert [c.choices[0].finish_reason for c in text_chunks[:-1]] == [None] * (len(text_chunks) - 1)
+    assert text_chunks[-1].choices[0].finish_reason == choice.finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == completion.usage.model_dump()
+
+
+def test_finish_reason_length_and_stop(api, sdk):
+    prompt = PROMPTS[2]
+    full = sdk.completions.create(model="codegen", prompt=prompt, max_tokens=40, temperature=0)
+    assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 40
+    text = full.choices[0].text
+    stop = next(text[i:i + 2] for i in range(len(text) // 3, len(text) - 1) if text[i:i + 2].strip())
+    expected = text[:text.find(stop)]
+    for stream in (False, True):
+        got = sdk.completions.create(model="codegen", prompt=prompt, max_tokens=40, temperature=0, stop=stop,
+                                     stream=stream)
+        if stream:
+            pieces = list(got)
+            assert "".join(c.choices[0].text for c in pieces) == expected
+            assert pieces[-1].choices[0].finish_reason == "stop"
+        else:
+            assert got.choices[0].text == expected and got.choices[0].finish_reason == "stop"
+            assert got.usage.completion_tokens < 40
+    assert direct(api, prompt, 40, stop=[stop])["text_output"] == expected
+
+
+def test_eight_prompts_in_one_request_equal_eight_requests(api, sdk):
+    params = dict(model="codegen", max_tokens=12, temperature=0.8, seed=1234)
+    batched = sdk.completions.create(prompt=PROMPTS, **params)
+    assert [c.index for c in batched.choices] == list(range(8))
+    singles = [sdk.completions.create(prompt=p, **params) for p in PROMPTS]
+    assert [c.text for c in batched.choices] == [s.choices[0].text for s in singles]
+    assert batched.usage.completion_tokens == sum(s.usage.completion_tokens for s in singles)
+    assert batched.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles)
+
+
+def test_n_with_a_seed_is_reproducible(api, sdk):
+    params = dict(model="codegen", prompt=PROMPTS[1], max_tokens=16, temperature=1.0, n=3, seed=42)
+    first, second = (sdk.completions.create(**params) for _ in range(2))
+    texts = [c.text for c in first.choices]
+    assert texts == [c.text for c in second.choices] and len(texts) == 3
+    assert len(set(texts)) > 1  # seed + i: three different samples
+    streamed = {}
+    for chunk in sdk.completions.create(stream=True, **params):
+        streamed[chunk.choices[0].index] = streamed.get(chunk.choices[0].index, "") + chunk.choices[0].text
+    assert [streamed[i] for i in range(3)] == texts
+
+
+def test_first_chunk_leaves_while_the_sequence_is_still_generating(api, long_prompts):
+    body = {"model": "codegen", "prompt": long_prompts[0], "max_tokens": 512, "temperature": 0, "stream": True}
+    with api.http.stream("POST", "/v1/completions", json=body) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        assert json.loads(first[6:])["choices"][0]["finish_reason"] is None
+        # the first chunk is here and the generator is still on the sequence (the gauge lags <= 0.2 s)
+        wait_for(lambda: active_sequences(api) >= 1, timeout=30, what="the generator's gauge")
+        rest = events(lines)
+    assert len(rest) > 2, "the whole completion had been generated before the first chunk left"
+    assert rest[-1] == "[DONE]" and rest[-2]["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+NEIGHBOUR_ROWS = 6  # several rows: the generator's steps take longer, so the neighbour outlives the checks
+
+
+MORE_PROMPTS = ["import sys\n", "def main():\n", "# utilities\n", "if __name__ == '__main__':\n", "class A:\n",
+                "return [", "try:\n", "with open(path) as f:\n"]
+
+
+@pytest.fixture(scope="module")
+def long_prompts(api) -> list[str]:
+    """NEIGHBOUR_ROWS + 2 prompts whose greedy completion runs to 512 tokens (no end-of-text before it),
+    so that every row of the disconnect test stays in the batch until it leaves or the test is done."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    candidates = PROMPTS + MORE_PROMPTS
+    with ThreadPoolExecutor(4) as pool:
+        reasons = list(pool.map(lambda p: direct(api, p, 512)["finish_reason"], candidates))
+    found = [p for p, reason in zip(candidates, reasons) if reason == "length"]
+    assert len(found) >= NEIGHBOUR_ROWS + 2, f"only {len(found)} prompts run to 512 tokens"
+    return found[:NEIGHBOUR_ROWS + 2]
+
+
+class Neighbour(threading.Thread):
+    """A long streamed completion of NEIGHBOUR_ROWS prompts, read to its end in the background."""
+
+    def __init__(self, api, prompts: list[str]):
+        super().__init__(daemon=True)
+        self.api, self.events, self.chunks_seen, self.prompts = api, [], 0, prompts
+        self.body = {"model": "codegen", "prompt": prompts, "max_tokens": 512, "temperature": 0, "stream": True}
+
+    def run(self):
+        with httpx.Client(base_url=self.api.url, timeout=300) as client:
+            with client.stream("POST", "/v1/completions", json=self.body) as response:
+                for event in events(self._count(response.iter_lines())):
+                    self.events.append(event)
+
+    def _count(self, lines):
+        for line in lines:
+            self.chunks_seen += line.startswith("data: ")
+            yield line
+
+
+def open_unary(api, body: dict) -> socket.socket:
+    """A unary completion sent on a raw connection, so that the test decides when the client leaves."""
+    url = urllib.parse.urlsplit(api.url)
+    sock = socket.create_connection((url.hostname, url.port), timeout=30)
+    payload = json.dumps(body).encode()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
+    return sock
+
+
+def test_disconnects_free_the_generator_row_while_a_neighbour_streams(api, long_prompts):
+    """A stream abandoned after its first chunk, then a unary request whose connection closes, each
+    leaves the decode batch (the generator's gauge drops by one) while a neighbour of NEIGHBOUR_ROWS
+    sequences keeps streaming and loses nothing."""
+    wait_for(lambda: active_sequences(api) == 0, what="an idle generator")
+    neighbour = Neighbour(api, long_prompts[:NEIGHBOUR_ROWS])
+    neighbour.start()
+    wait_for(lambda: active_sequences(api) == NEIGHBOUR_ROWS, timeout=60, what="the neighbour in the batch")
+    body = {"model": "codegen", "prompt": long_prompts[-1], "max_tokens": 512, "temperature": 0, "stream": True}
+    with httpx.Client(base_url=api.url, timeout=300) as client:
+        with client.stream("POST", "/v1/completions", json=body) as response:  # abandoned after its first chunk
+            next(line for line in response.iter_lines() if line.startswith("data: "))
+            wait_for(lambda: active_sequences(api) == NEIGHBOUR_ROWS + 1, timeout=30, what="the stream in the batch")
+    wait_for(lambda: active_sequences(api) == NEIGHBOUR_ROWS, timeout=30, what="the abandoned stream to leave")
+    assert neighbour.is_alive(), "the neighbour finished before the checks: nothing shown"
+
+    unary = open_unary(api, {"model": "codegen", "prompt": long_prompts[-2], "max_tokens": 512, "temperature": 0})
+    try:
+        wait_for(lambda: active_sequences(api) == NEIGHBOUR_ROWS + 1, timeout=30, what="the unary request in the batch")
+    finally:
+        unary.close()  # the unary client leaves
+    wait_for(lambda: active_sequences(api) == NEIGHBOUR_ROWS, timeout=30, what="the closed unary request to leave")
+    assert neighbour.is_alive(), "the neighbour finished before the checks: nothing shown"
+
+    neighbour.join(300)
+    assert neighbour.events[-1] == "[DONE]"
+    texts = {}
+    for event in neighbour.events[:-1]:
+        choice = event["choices"][0]
+        texts[choice["index"]] = texts.get(choice["index"], "") + choice["text"]
+    for i, prompt in enumerate(neighbour.prompts):  # the neighbour lost nothing
+        assert texts[i] == direct(api, prompt, 512)["text_output"]
+    wait_for(lambda: active_sequences(api) == 0, what="an idle generator")
+
+
+def test_bad_input_is_a_400_and_the_service_keeps_serving(api, tokenizer):
+    long_prompt = "x = 1\n" * 1200
+    assert len(tokenizer.encode(long_prompt).ids) > 1024
+    cases = [({}, "prompt"), ({"prompt": ""}, "prompt"), ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+             ({"prompt": "x", "max_tokens": 100000}, "max_tokens"), ({"prompt": "x", "temperature": -1}, "temperature"),
+             ({"prompt": "x", "top_p": 0}, "top_p"), ({"prompt": "x", "top_p": 1.01}, "top_p"),
+             ({"prompt": "x", "stop": list("abcde")}, "stop"), ({"prompt": "x", "n": 1000}, "n"),
+             ({"prompt": "x", "logprobs": 1}, "logprobs"), ({"prompt": "x", "best_of": 3}, "best_of"),
+             ({"prompt": "x", "suffix": "s"}, "suffix"), ({"prompt": "x", "logit_bias": {"5": 1}}, "logit_bias"),
+             ({"prompt": "x", "presence_penalty": 1}, "presence_penalty"),
+             ({"prompt": "x", "frequency_penalty": 1}, "frequency_penalty")]
+    for body, param in cases:
+        r = api.http.post("/v1/completions", json={"model": "codegen", **body})
+        assert r.status_code == 400, (body, r.text)
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"} and r.json()["error"]["param"] == param
+    for stream in (False, True):
+        r = api.http.post("/v1/completions", json={"model": "codegen", "prompt": long_prompt, "stream": stream})
+        assert r.status_code == 400, r.text
+        assert "context window of 1024" in r.json()["error"]["message"], r.text
+    r = api.http.post("/v1/completions", json={"model": "no-such-model", "prompt": "x"})
+    assert r.status_code == 404 and "no-such-model" in r.json()["error"]["message"]
+    assert "codegen" in [m["id"] for m in api.http.get("/v1/models").json()["data"]]
+    r = api.http.post("/v1/completions", json={"model": "codegen", "prompt": "def f():", "max_tokens": 4})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"]

@@ -1,0 +1,222 @@
+"""/v1/completions without a server: the route over a fake `codegen_stream` engine that follows the
+tensor contract (text_output pieces, finish_reason on the last response, token counts)."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from gateway import errors
+from gateway.app import create_app
+from gateway.completions import sequences as runner
+from gateway.completions.request import CompletionRequest
+from gateway.completions.tensors import sequences
+from gateway.settings import Settings
+from gateway.triton_engine import StreamResponse, stream_error
+
+
+def _value(inputs, name):
+    return inputs[name].reshape(-1)[0]
+
+
+class FakeEngine:
+    """Generates "<seed>:<i> " pieces, one per token; a prompt's length in words is its token count.
+    A stop word ends the sequence after two pieces; prompt "too long" fails like the preprocessing;
+    prompt "fail later" fails after its first piece."""
+
+    def __init__(self, delay: float = 0.0):
+        self.delay, self.calls, self.active, self.cancelled = delay, [], 0, 0
+
+    async def stream_infer(self, model, inputs, timeout_s=None):
+        self.calls.append((model, inputs))
+        prompt = _value(inputs, "text_input")
+        prompt = prompt.decode() if isinstance(prompt, bytes) else prompt
+        if prompt == "too long":
+            raise errors.BadRequest("the prompt has 2000 tokens, but ... context window of 1024 tokens")
+        max_tokens, seed = int(_value(inputs, "max_tokens")), int(_value(inputs, "random_seed"))
+        stops = "stop_words" in inputs
+        prompt_tokens = len(prompt.split())
+        self.active += 1
+        finished = False
+        try:
+            for i in range(max_tokens):
+                await asyncio.sleep(self.delay)
+                if prompt == "fail later" and i == 1:
+                    raise errors.internal(RuntimeError("boom"), "fake")
+                last = i == max_tokens - 1 or (stops and i == 1)
+                reason = ("stop" if stops else "length") if last else ""
+                yield StreamResponse({"text_output": np.array([[f"{seed}:{i} ".encode()]], dtype=object),
+                                      "finish_reason": np.array([[reason.encode()]], dtype=object),
+                                      "prompt_tokens": np.array([[prompt_tokens]], dtype=np.int32),
+                                      "completion_tokens": np.array([[i + 1]], dtype=np.int32)}, last)
+                if last:
+                    finished = True
+                    return
+        finally:
+            self.active -= 1
+            self.cancelled += not finished
+
+
+@pytest.fixture()
+def api():
+    app = create_app(Settings(completions_max_n=4, completions_max_sequences=8, completions_max_tokens=64))
+    with TestClient(app) as client:
+        app.state.engine = FakeEngine()
+        client.engine = app.state.engine
+        yield client
+
+
+def post(api, **body):
+    return api.post("/v1/completions", json={"model": "codegen", **body})
+
+
+def sse_events(response) -> list:
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = [line[len("data: "):] for line in response.text.split("\n\n") if line]
+    return [e if e == "[DONE]" else json.loads(e) for e in events]
+
+
+def test_unary_shape_and_usage(api):
+    r = post(api, prompt="def f(x):  return", max_tokens=3, temperature=0, seed=7)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "text_completion" and body["model"] == "codegen" and body["id"].startswith("cmpl-")
+    assert body["choices"] == [{"index": 0, "text": "7:0 7:1 7:2 ", "finish_reason": "length", "logprobs": None}]
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
+    model, inputs = api.engine.calls[0]
+    assert model == "codegen_stream"
+    assert {k: v.dtype for k, v in inputs.items()} == {
+        "text_input": np.object_, "max_tokens": np.int32, "temperature": np.float32, "top_k": np.int32,
+        "top_p": np.float32, "random_seed": np.uint64}
+    assert all(v.shape == (1, 1) for v in inputs.values())
+
+
+def test_stop_echo_and_defaults(api):
+    r = post(api, prompt="a b", stop=["\n", "#"], echo=True)
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["text"].startswith("a b") and choice["text"].count(":") == 2
+    inputs = api.engine.calls[0][1]
+    assert inputs["stop_words"].tolist() == [["\n", "#"]]
+    assert _value(inputs, "max_tokens") == 16 and _value(inputs, "temperature") == 1.0  # OpenAI's defaults
+
+
+def test_prompt_list_and_n_are_indexed_and_seeded(api):
+    r = post(api, prompt=["one", "two words"], n=3, seed=100, max_tokens=1)
+    body = r.json()
+    assert [c["index"] for c in body["choices"]] == list(range(6))
+    # choice j of every prompt is seeded seed + j: the same as sending each prompt alone
+    assert [c["text"] for c in body["choices"]] == ["100:0 ", "101:0 ", "102:0 "] * 2
+    assert body["usage"] == {"prompt_tokens": 1 + 2, "completion_tokens": 6, "total_tokens": 9}
+    assert [_value(i, "text_input") for _, i in api.engine.calls] == ["one"] * 3 + ["two words"] * 3
+
+
+def test_unseeded_sequences_differ():
+    body = CompletionRequest(model="codegen", prompt="x", n=3)
+    seeds = [int(_value(s.inputs, "random_seed")) for s in sequences(body, ["x"])]
+    assert len(set(seeds)) == 3
+
+
+def test_stream_chunks_usage_and_done(api):
+    r = post(api, prompt=["p", "q"], max_tokens=2, seed=1, stream=True, stream_options={"include_usage": True})
+    events = sse_events(r)
+    assert events[-1] == "[DONE]"
+    usage = events[-2]
+    assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6}
+    chunks = events[:-2]
+    assert {c["id"] for c in chunks} == {usage["id"]} and all(c["object"] == "text_completion" for c in chunks)
+    for index in (0, 1):
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == index]
+        assert "".join(c["text"] for c in mine) == "1:0 1:1 "
+        assert [c["finish_reason"] for c in mine] == [None, "length"]
+
+
+def test_stream_without_usage_and_with_echo(api):
+    events = sse_events(post(api, prompt="hello", max_tokens=2, seed=0, stream=True, echo=True))
+    assert events[-1] == "[DONE]" and all(e == "[DONE]" or e["choices"] for e in events)
+    assert events[0]["choices"][0]["text"] == "hello0:0 "
+
+
+def test_error_before_the_first_piece_is_a_plain_400(api):
+    for stream in (False, True):
+        r = post(api, prompt="too long", stream=stream)
+        assert r.status_code == 400, r.text
+        assert "context window of 1024" in r.json()["error"]["message"]
+
+
+def test_error_after_the_stream_started_is_an_event(api):
+    events = sse_events(post(api, prompt="fail later", max_tokens=5, stream=True))
+    assert events[0]["choices"][0]["text"].endswith(":0 ") and events[0]["choices"][0]["finish_reason"] is None
+    assert "internal error" in events[-1]["error"]["message"] and "boom" not in json.dumps(events[-1])
+    assert "[DONE]" not in events
+
+
+def test_unary_error_cancels_the_other_sequences(api):
+    api.app.state.engine = engine = FakeEngine(delay=0.01)
+    r = post(api, prompt=["fine", "fail later"], max_tokens=50)
+    assert r.status_code == 500 and "boom" not in r.text
+    assert engine.active == 0 and engine.cancelled == 2
+
+
+@pytest.mark.parametrize("body, param", [
+    ({}, "prompt"), ({"prompt": ""}, "prompt"), ({"prompt": []}, "prompt"), ({"prompt": ["ok", ""]}, "prompt"),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens"), ({"prompt": "x", "max_tokens": 65}, "max_tokens"),
+    ({"prompt": "x", "temperature": -0.1}, "temperature"), ({"prompt": "x", "top_p": 0}, "top_p"),
+    ({"prompt": "x", "top_p": 1.5}, "top_p"), ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"prompt": "x", "n": 0}, "n"), ({"prompt": "x", "n": 5}, "n"), ({"prompt": ["x"] * 3, "n": 3}, "prompt"),
+    ({"prompt": "x", "seed": -1}, "seed"), ({"prompt": "x", "logprobs": 2}, "logprobs"),
+    ({"prompt": "x", "best_of": 2}, "best_of"), ({"prompt": "x", "suffix": "y"}, "suffix"),
+    ({"prompt": "x", "logit_bias": {"1": 5}}, "logit_bias"), ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+    ({"prompt": "x", "frequency_penalty": 1}, "frequency_penalty"), ({"prompt": "x", "stream_options": {}}, "stream_options"),
+    ({"prompt": 5}, "prompt"), ({"prompt": "x", "max_tokens": "many"}, "max_tokens"),
+])
+def test_bad_input_is_a_400_naming_the_parameter(api, body, param):
+    r = post(api, **body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"].startswith(param), error
+    assert param.split(".")[0] in error["message"] or body == {}
+    assert api.engine.calls == []  # refused before any work
+
+
+def test_noop_values_of_unsupported_parameters_are_accepted(api):
+    r = post(api, prompt="x", best_of=1, presence_penalty=0, frequency_penalty=0.0, logit_bias={}, user="u", max_tokens=1)
+    assert r.status_code == 200, r.text
+
+
+def test_unknown_model_is_404_and_codegen_is_listed(api):
+    r = api.post("/v1/completions", json={"model": "gpt-4", "prompt": "x"})
+    assert r.status_code == 404 and "gpt-4" in r.json()["error"]["message"]
+    assert "codegen" in [m["id"] for m in api.get("/v1/models").json()["data"]]
+
+
+def test_closing_the_stream_early_cancels_every_sequence():
+    engine = FakeEngine(delay=0.01)
+    body = CompletionRequest(model="codegen", prompt=["a", "b", "c"], max_tokens=100)
+    seqs = sequences(body, ["a", "b", "c"])
+
+    async def main():
+        pieces = runner.stream(engine, seqs)
+        first = await pieces.__anext__()
+        assert engine.active == 3 and first.finish_reason is None
+        await pieces.aclose()
+
+    asyncio.run(main())
+    assert engine.active == 0 and engine.cancelled == 3
+
+
+@pytest.mark.parametrize("message, kind", [
+    ("the prompt has 2000 tokens, but with max_tokens=16 the context window of 1024 tokens leaves room for at most 1008",
+     errors.BadRequest),
+    ("internal error (id 0123456789ab, see the server log)", errors.Internal),
+    ("Stub process 'codegen_stream_0' is not healthy.", errors.Internal),
+    ("codegen is over capacity: 64 requests in flight, retry later", errors.Unavailable),
+    ("Request for unknown model: 'codegen_stream' is not found", errors.NotFound),
+])
+def test_stream_errors_are_classified_by_message(message, kind):
+    error = stream_error(message, "codegen_stream")
+    assert type(error) is kind
+    if kind is errors.BadRequest:
+        assert error.message == message
