@@ -66,6 +66,21 @@ def process_tree(pid: int) -> list[int]:
     return tree
 
 
+def shm_regions_mapped(pids: list[int]) -> set[str]:
+    """The Python-backend shared-memory regions these processes map (a region already unlinked is skipped)."""
+    regions = set()
+    for pid in pids:
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue
+        for line in maps.splitlines():
+            path = line.split(maxsplit=5)[-1]
+            if path.startswith("/dev/shm/triton_") and "_shm_region_" in path and not path.endswith("(deleted)"):
+                regions.add(path)
+    return regions
+
+
 class TritonServer:
     def __init__(self, host="127.0.0.1", http_port=8000, grpc_port=8001, metrics_port=8002,
                  model_repository=MODEL_REPOSITORY, explicit_models: list[str] | None = None,
@@ -151,6 +166,8 @@ class TritonServer:
         """SIGTERM the server, wait for its stubs to exit; kill the process group if it hangs."""
         if self.process is None:
             return
+        # Only this server's regions: other servers on the box (tests, soak) create theirs meanwhile.
+        regions = shm_regions_mapped(process_tree(self.process.pid))
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -162,7 +179,7 @@ class TritonServer:
             os.killpg(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        for region in set(glob.glob(SHM_GLOB)) - self._shm_before:
+        for region in regions - self._shm_before:
             Path(region).unlink(missing_ok=True)
         self.process = None
 
@@ -195,6 +212,22 @@ def main() -> int:
     from tools.gateway_process import GatewayProcess
 
     data_dir = args.data_dir.resolve()
+    from supervisor.exposure import admin_key, restricted_api_args, restriction_required
+    from supervisor.monitor import Supervisor
+    import logging
+
+    logging.basicConfig(format="%(asctime)s %(message)s", level=logging.INFO)  # the supervisor's events
+
+    state_file = data_dir / "run" / "supervisor.json"  # the supervisor writes it, the gateway's /health reads it
+    os.environ["SUPERVISOR_STATE_FILE"] = str(state_file)
+    key = None
+    if restriction_required(args.host):
+        key, generated = admin_key(data_dir / "run" / "triton_admin_key")
+        os.environ["TRITON_ADMIN_KEY"] = key  # the gateway inherits it
+        args.extra = restricted_api_args(key) + args.extra
+        print(f"triton: HOST={args.host} is not loopback: model control and shared memory need the "
+              f"'triton-admin-key' header" + (f" (generated key in {data_dir / 'run' / 'triton_admin_key'})"
+                                               if generated else " (TRITON_ADMIN_KEY)"), flush=True)
     # Explicit model control: the shipped pipelines load at start; only the gateway loads and unloads others.
     server = TritonServer(args.host, args.http_port, args.grpc_port, args.metrics_port, extra_args=args.extra,
                           explicit_models=[m for m in args.load_models.split(",") if m] or shipped_models(), extra_repositories=[data_dir / "triton_models"])
@@ -205,6 +238,7 @@ def main() -> int:
                                                           env=gateway_env)
 
     signals_seen = 0
+    supervisor = None
 
     def on_signal(signum, _frame):
         # Only forward the signal: the main thread is inside Popen.wait(), which must not be re-entered.
@@ -214,6 +248,8 @@ def main() -> int:
             sys.exit(1)
         if signals_seen == 1:
             print(f"\ntriton: stopping (signal {signum})", flush=True)
+            if supervisor is not None:
+                supervisor.request_stop()  # stubs exiting on shutdown are not deaths
             if gateway is not None and gateway.process is not None:
                 gateway.process.send_signal(signal.SIGTERM)
             server.process.send_signal(signal.SIGTERM)
@@ -222,18 +258,22 @@ def main() -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    print("triton: starting " + " ".join(server.command()), flush=True)
+    command = " ".join(server.command())
+    print("triton: starting " + (command.replace(key, "<TRITON_ADMIN_KEY>") if key else command), flush=True)
     server.start()
+    supervisor = Supervisor(lambda: server.process and server.process.pid, server.grpc_url, state_file, key).start()
     try:
         if gateway is not None and not signals_seen:
             gateway.start()
     except BaseException:
+        supervisor.stop()
         server.stop()
         raise
     print(f"triton: ready\n  HTTP    http://{server.http_url}\n  gRPC    {server.grpc_url}\n"
           f"  metrics {server.metrics_url}" + (f"\n  gateway {gateway.url} (docs: {gateway.url}/docs)" if gateway else "")
           + "\n  Ctrl-C stops everything", flush=True)
     code = server.process.wait()
+    supervisor.stop()
     if gateway is not None:
         gateway.stop()
     server.stop()  # reaps stubs and /dev/shm regions left by a crash

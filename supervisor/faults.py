@@ -1,0 +1,21 @@
+"""Fault injection shared by the fault tests and the soak: kill -9 a model's stub."""
+from __future__ import annotations
+
+import os
+import signal
+
+from supervisor.stubs import model_of, scan_stubs
+
+
+def stub_pids(server_pid: int, model: str) -> dict[str, int]:
+    return {i: pid for i, pid in scan_stubs(server_pid).items() if model_of(i) == model}
+
+
+def kill_stub(server_pid: int, model: str) -> int:
+    """SIGKILL the first stub of `model`; returns its pid."""
+    stubs = stub_pids(server_pid, model)
+    if not stubs:
+        raise LookupError(f"no stub of '{model}' under server pid {server_pid}")
+    pid = stubs[sorted(stubs)[0]]
+    os.kill(pid, signal.SIGKILL)
+    return pid

