@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 
 from gateway.modelgen import generate, resolve_source
+from gateway.settings import default_model_roots
 from gateway_helpers import CLIP_DEMO, ST_CLS_DEMO, minilm_path, normalized, png_bytes
 from model_configs import ROOT
 
@@ -37,11 +38,14 @@ IMAGES.append(_jpeg_gray())
 
 
 def local_name(path: str) -> str:
-    return "./" + os.path.relpath(path, ROOT)
+    """A name of its own for the same folder (the gateway tests use the plain path): relative to the
+    repository when the folder is inside it (the venv usually is), else absolute."""
+    relative = os.path.relpath(path, ROOT)
+    return path if relative.startswith("..") else "./" + relative
 
 
 def served(triton, data_dir, name: str, kind: str):
-    source = resolve_source(name, None, kind, [ROOT])
+    source = resolve_source(name, None, kind, default_model_roots())
     spec = generate(name, None, kind, source, data_dir / "triton_models")
     triton.load(*spec.ensembles)
     return spec
