@@ -4,18 +4,15 @@ and 16 (the seed's lengths), closed loop. Per row: requests/s, tokens/s, time to
 inter-token latency p50 (per request: (last piece - first piece) / (tokens - 1)). Goal: the gateway
 costs <= 5% of tokens/s and <= 2 ms of TTFT p50.
 
-    python bench/bench_completions.py [--url HOST:GRPC_PORT] [--window 8] [--quick]
+    python client/bench.py --only completions [--url HOST:GRPC_PORT] [--window 8] [--quick]
 
-Without --url it starts its own tritonserver (the codegen models) and gateway on free ports. As a
-`make bench` entry, `run(ctx)` starts a gateway in front of the bench's server.
+client/bench.py starts the tritonserver (or uses --url); `run(ctx)` starts a gateway in front of it.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import itertools
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -32,7 +29,7 @@ from gateway.completions.tensors import STREAM_MODEL, sequence_inputs  # noqa: E
 from gateway.triton_engine import TritonEngine  # noqa: E402
 from perf import LoadResult  # noqa: E402
 from tools.gateway_process import GatewayProcess  # noqa: E402
-from tools.triton_launcher import TritonServer, free_port  # noqa: E402
+from tools.triton_launcher import free_port  # noqa: E402
 
 MODELS = ["codegen_generator", "codegen", "codegen_stream"]
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n\n\ndef main(argv):\n",
@@ -212,34 +209,3 @@ def run(ctx) -> None:
             compare(ctx.grpc_url, gateway.url, ctx.window, ctx.warmup, ctx.quick)
         finally:
             gateway.stop()
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", help="gRPC URL of a running server with the codegen models loaded")
-    parser.add_argument("--window", type=float, default=8.0)
-    parser.add_argument("--warmup", type=float, default=2.0)
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    server = None
-    if args.url is None:
-        log = ROOT / "bench-results" / "tritonserver-completions.log"
-        log.parent.mkdir(exist_ok=True)
-        server = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                              explicit_models=MODELS, log_file=log)
-        server.start(timeout=600)
-
-    class Ctx:
-        grpc_url = args.url or server.grpc_url
-        window, warmup, quick = args.window, args.warmup, args.quick
-
-    try:
-        run(Ctx())
-    finally:
-        if server:
-            server.stop()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,14 +4,12 @@ over gRPC (client/perf.py) in the same run. Per level: req/s, p50/p95, errors, t
 throughput ratio, and the CPU share of the gateway process and of tritonserver + its stubs.
 Goal (issue 10): gateway >= 0.8x direct gRPC at concurrency 32, no errors at 256.
 
-    python bench/bench_gateway.py [--url HOST:GRPC_PORT] [--window 8] [--quick]
+    python client/bench.py --only gateway [--url HOST:GRPC_PORT] [--window 8] [--quick]
 
-Without --url it starts its own tritonserver (text_embedding) on free ports. As a `make bench` entry
-(`client/bench.py --only gateway`), `run(ctx)` starts a gateway in front of the bench's server.
+client/bench.py starts the tritonserver (or uses --url); `run(ctx)` starts a gateway in front of it.
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import sys
@@ -28,7 +26,7 @@ from bench_text_embedding import corpus  # noqa: E402
 from http_load import run_http_load  # noqa: E402
 from perf import LoadResult, format_report, run_load, text_inputs_factory  # noqa: E402
 from tools.gateway_process import GatewayProcess  # noqa: E402
-from tools.triton_launcher import TritonServer, free_port, process_tree  # noqa: E402
+from tools.triton_launcher import free_port, process_tree  # noqa: E402
 
 MODELS = ["text_embedding"]
 MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"  # the gateway's name for text_embedding
@@ -108,37 +106,3 @@ def run(ctx) -> None:
                     (1, 32) if ctx.quick else LEVELS)
         finally:
             gateway.stop()
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", help="gRPC URL of a running server with text_embedding loaded")
-    parser.add_argument("--window", type=float, default=8.0)
-    parser.add_argument("--warmup", type=float, default=2.0)
-    parser.add_argument("--quick", action="store_true", help="concurrency 1 and 32, 2 s windows")
-    args = parser.parse_args()
-    if args.quick:
-        args.window, args.warmup = min(args.window, 2.0), 0.5
-    server = None
-    if args.url is None:
-        log = ROOT / "bench-results" / "tritonserver.log"
-        log.parent.mkdir(exist_ok=True)
-        server = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                              explicit_models=MODELS, log_file=log)
-        server.start(timeout=300)
-    try:
-        with tempfile.TemporaryDirectory() as data:
-            gateway = start_gateway(args.url or server.grpc_url, Path(data))
-            try:
-                compare(args.url or server.grpc_url, gateway, server.process.pid if server else None,
-                        args.window, args.warmup, (1, 32) if args.quick else LEVELS)
-            finally:
-                gateway.stop()
-    finally:
-        if server:
-            server.stop()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
