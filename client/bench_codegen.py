@@ -94,7 +94,7 @@ def window_for(ctx, max_tokens: int, concurrency: int, step_seconds: float) -> f
     return max(ctx.window, (2 if ctx.quick else 3) * per_request)
 
 
-def time_to_first_token(url: str, max_tokens: int, concurrency: int) -> list[float]:
+def time_to_first_token(url: str, max_tokens: int, concurrency: int, prompts: list[str] = PROMPTS) -> list[float]:
     """`concurrency` streams started together: seconds from send to the first piece of text."""
     firsts: list[float] = []
     lock = threading.Lock()
@@ -122,7 +122,7 @@ def time_to_first_token(url: str, max_tokens: int, concurrency: int) -> list[flo
         done.wait(600)
         client.stop_stream()
 
-    threads = [threading.Thread(target=one, args=(PROMPTS[i % len(PROMPTS)],)) for i in range(concurrency)]
+    threads = [threading.Thread(target=one, args=(prompts[i % len(prompts)],)) for i in range(concurrency)]
     for t in threads:
         t.start()
     for t in threads:
@@ -154,6 +154,58 @@ def mixed_load(url: str, seconds: float, long_clients: int = 8) -> list[float]:
     for t in longs:
         t.join()
     return short
+
+
+JOINING_PROMPT = 'def quicksort(items):\n    """Sort a list."""\n'  # 15 tokens (counted and printed)
+
+
+def active_sequences(murl: str) -> float:
+    with urllib.request.urlopen(murl, timeout=10) as response:
+        lines = response.read().decode().splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines
+               if line.startswith("codegen_generator_active_sequences{"))
+
+
+def joining_ttft(url: str, murl: str, running: int = 15, samples: int = 8) -> tuple[list[float], list[float]]:
+    """Time to first token of a 15-token prompt streamed alone (idle), then joining `running`
+    sequences that keep decoding (clients sending 64-token requests back to back)."""
+    time_to_first_token(url, 4, 1, [JOINING_PROMPT])  # the stream path's first call sets up lazily
+    idle = [time_to_first_token(url, 4, 1, [JOINING_PROMPT])[0] for _ in range(samples)]
+    stop = threading.Event()
+
+    def busy_client(i: int) -> None:
+        client = grpcclient.InferenceServerClient(url)
+        while not stop.is_set():
+            client.infer("codegen", request_inputs(PROMPTS[i % len(PROMPTS)], 64))
+
+    clients = [threading.Thread(target=busy_client, args=(i,)) for i in range(running)]
+    for t in clients:
+        t.start()
+    joined = []
+    try:
+        deadline = time.monotonic() + 120
+        while active_sequences(murl) < running and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for _ in range(samples):
+            joined += time_to_first_token(url, 4, 1, [JOINING_PROMPT])
+    finally:
+        stop.set()
+        for t in clients:
+            t.join()
+    return idle, joined
+
+
+def print_joining_goal(url: str, murl: str, repository: Path) -> None:
+    from tokenizers import Tokenizer
+
+    tokens = len(Tokenizer.from_file(str(repository / "codegen_generator" / "1" / "tokenizer.json"))
+                 .encode(JOINING_PROMPT).ids)
+    idle, joined = joining_ttft(url, murl)
+    ratio = statistics.median(joined) / statistics.median(idle)
+    print(f"goal TTFT of a {tokens}-token prompt joining 15 running sequences / idle <= 2: p50 "
+          f"{statistics.median(joined) * 1e3:.0f} ms vs {statistics.median(idle) * 1e3:.0f} ms idle ({ratio:.2f}x) "
+          f"{'OK' if ratio <= 2 else 'MISSED'}; samples (ms) joining {[round(t * 1e3) for t in joined]}, "
+          f"idle {[round(t * 1e3) for t in idle]}", flush=True)
 
 
 def measure(url: str, murl: str, ctx, max_tokens: int, concurrency: int, step_seconds: float) -> dict:
@@ -249,7 +301,9 @@ def sized_load_test(ctx) -> list[dict]:
                           log_file=ROOT / "bench-results" / f"tritonserver-codegen-{SIZED}.log")
     with server:
         print(f"bench: second tritonserver with the {SIZED} GPT-J ready (pid {server.process.pid})\n", flush=True)
-        return load_test(server.grpc_url, server.metrics_url, ctx, SIZED_LENGTHS, step_seconds=0.12)
+        rows = load_test(server.grpc_url, server.metrics_url, ctx, SIZED_LENGTHS, step_seconds=0.12)
+        print_joining_goal(server.grpc_url, server.metrics_url, repository)
+        return rows
 
 
 def run(ctx) -> None:

@@ -246,6 +246,108 @@ def test_cancel_by_key_stops_a_running_or_waiting_request(engine, tokenizer):
         assert sink.wait().reason == "length"
 
 
+# ---- chunked prefill ----------------------------------------------------------------------------
+
+CHUNK = 4  # prompt tokens fed per loop turn while others decode, small so every prompt here is chunked
+
+
+@pytest.fixture(scope="module")
+def chunked_engine():
+    engine = load_engine(GENERATOR_DIR, max_batch_size=8, max_tokens_limit=512, prefill_chunk_tokens=CHUNK)
+    yield engine
+    engine.close()
+
+
+class StepRecorder(Collector):
+    """Also notes the engine's decode-step count when the first token arrives."""
+
+    def __init__(self, engine, **kwargs):
+        super().__init__(**kwargs)
+        self.engine, self.steps_at_first = engine, None
+
+    def send(self, token_ids):
+        if self.steps_at_first is None:
+            self.steps_at_first = self.engine.steps
+        super().send(token_ids)
+
+
+def test_a_long_prompt_is_fed_in_chunks_between_the_running_batchs_steps(chunked_engine, tokenizer):
+    """While a sequence decodes, a joining prompt of L tokens is fed CHUNK tokens per turn with a
+    decode step after each: the running sequence gets ceil(L / CHUNK) - 1 steps before the joiner's
+    first token (all-at-once prefill gives it none), and both equal transformers' generate."""
+    engine = chunked_engine
+    prompt = ids_of(tokenizer, PROMPTS[3])
+    assert len(prompt) > 5 * CHUNK
+    running, joining = Collector(), StepRecorder(engine)
+    engine.submit(GenerationRequest(ids_of(tokenizer, PROMPTS[0]), 120), running)
+    running.wait_tokens(3)
+    steps_at_submit = engine.steps
+    engine.submit(GenerationRequest(prompt, 24), joining)
+    assert joining.wait().ids == reference(engine, tokenizer, PROMPTS[3], 24)
+    assert running.wait().ids == reference(engine, tokenizer, PROMPTS[0], 120)
+    assert joining.steps_at_first - steps_at_submit >= -(-len(prompt) // CHUNK) - 1
+
+
+def test_prompts_fed_together_in_chunks_equal_generate(chunked_engine, tokenizer):
+    """A left-padded group of prompts of different lengths, chunked while another sequence decodes."""
+    engine = chunked_engine
+    running = Collector()
+    engine.submit(GenerationRequest(ids_of(tokenizer, PROMPTS[1]), 200), running)
+    running.wait_tokens(2)
+    sinks = [Collector() for _ in PROMPTS]
+    for prompt, sink in zip(PROMPTS, sinks):
+        engine.submit(GenerationRequest(ids_of(tokenizer, prompt), 16), sink)
+    for prompt, sink in zip(PROMPTS, sinks):
+        assert sink.wait().ids == reference(engine, tokenizer, prompt, 16), prompt
+    assert running.wait().ids == reference(engine, tokenizer, PROMPTS[1], 200)
+
+
+class CancelledOnPoll(Collector):
+    """A client that leaves when asked for the n-th time (the engine asks every turn)."""
+
+    def __init__(self, polls: int):
+        super().__init__()
+        self.polls, self.asked = polls, 0
+
+    def cancelled(self):
+        self.asked += 1
+        return self.asked >= self.polls
+
+
+def test_a_client_leaving_while_its_prompt_is_fed_frees_its_row_and_spares_its_group(tokenizer):
+    engine = load_engine(GENERATOR_DIR, max_batch_size=8, max_tokens_limit=512, prefill_chunk_tokens=CHUNK,
+                         cancel_poll_seconds=0)
+    try:
+        running = Collector()
+        engine.submit(GenerationRequest(ids_of(tokenizer, PROMPTS[0]), 200), running)
+        running.wait_tokens(2)
+        leaving, staying = CancelledOnPoll(polls=3), Collector()  # asked at admission, then per turn
+        engine.submit(GenerationRequest(ids_of(tokenizer, PROMPTS[3]), 30), leaving)
+        engine.submit(GenerationRequest(ids_of(tokenizer, PROMPTS[4]), 30), staying)
+        assert leaving.wait().reason == "cancelled" and leaving.ids == []
+        assert staying.wait().ids == reference(engine, tokenizer, PROMPTS[4], 30)
+        assert running.wait().ids == reference(engine, tokenizer, PROMPTS[0], 200)
+    finally:
+        engine.close()
+
+
+def test_only_the_last_prompt_position_goes_through_the_vocabulary_projection(engine, tokenizer):
+    prompts = PROMPTS[3:5]
+    expected = [reference(engine, tokenizer, prompt, 4) for prompt in prompts]  # generate's own calls unhooked
+    shapes = []
+    hook = engine.model.get_output_embeddings().register_forward_hook(
+        lambda module, args, output: shapes.append(tuple(args[0].shape)))
+    try:
+        sinks = [Collector() for _ in prompts]
+        for prompt, sink in zip(prompts, sinks):
+            engine.submit(GenerationRequest(ids_of(tokenizer, prompt), 4), sink)
+        assert [sink.wait().ids for sink in sinks] == expected
+    finally:
+        hook.remove()
+    hidden = engine.model.config.n_embd
+    assert shapes and all(len(shape) == 2 and shape[1] == hidden for shape in shapes), shapes  # [rows, hidden]
+
+
 # ---- UTF-8: a model made to spell "€" (3 bytes) one byte-token at a time -----------------------
 
 def euro_spelling_engine(engine) -> tuple[GenerationEngine, list[int]]:

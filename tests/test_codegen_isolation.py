@@ -33,7 +33,8 @@ def engine():
 
 
 class FaultyModel(torch.nn.Module):
-    """The generator's model, whose forward raises (once, or while `block` is not set, it waits)."""
+    """The generator's model, whose transformer body raises `failures` times (and waits while `gate`
+    is clear); the engine runs the body and the vocabulary projection separately."""
 
     def __init__(self, model, failures: int = 0):
         super().__init__()
@@ -42,13 +43,20 @@ class FaultyModel(torch.nn.Module):
         self.gate.set()
         self.entered = threading.Event()
 
-    def forward(self, **kwargs):
+    @property
+    def base_model(self):
+        return self.body
+
+    def body(self, **kwargs):
         self.entered.set()
         assert self.gate.wait(WAIT)
         if self.failures:
             self.failures -= 1
             raise RuntimeError("injected forward fault")
-        return self.inner(**kwargs)
+        return self.inner.base_model(**kwargs)
+
+    def get_output_embeddings(self):
+        return self.inner.get_output_embeddings()
 
 
 def make_engine(base: GenerationEngine, model, **options) -> GenerationEngine:

@@ -5,6 +5,9 @@ sequence in one forward pass over a shared, left-padded KV cache (explicit atten
 position_ids keep every row equal to its unpadded self). New requests are prefilled (those that
 arrived together in one padded pass) and join the batch at the next step; a finished or cancelled
 sequence leaves it at once, and the all-padding columns this leaves at the left are trimmed.
+Prefill is chunked: while others decode, each loop turn feeds at most prefill_chunk_tokens prompt
+tokens before the decode step, so a long prompt joining never stalls the running batch for its
+whole prefill; and only the last prompt position goes through the vocabulary projection.
 """
 from __future__ import annotations
 
@@ -64,18 +67,30 @@ class _Sequence:
         return self.generated[-1]
 
 
+@dataclass(eq=False)
+class _Prefill:
+    """Prompts admitted together, left-padded into one batch, fed to their own cache a chunk of
+    columns per loop turn; they join the running batch when the last column is in."""
+    seqs: list[_Sequence]
+    ids: torch.Tensor  # [rows, width]
+    mask: torch.Tensor  # [rows, width]: 1 = real token, 0 = left padding
+    cache: DynamicCache = field(default_factory=DynamicCache)
+    fed: int = 0  # columns already in the cache
+
+
 class GenerationEngine:
     def __init__(self, model, token_bytes: Sequence[bytes], eos_token_id: int | None, max_batch_size: int,
                  max_tokens_limit: int, device: torch.device | str = "cpu",
                  on_progress: Callable[["GenerationEngine"], None] | None = None, cancel_poll_seconds: float = 0.1,
-                 prefill_token_budget: int = 2048, max_pending: int = 256, max_stop_words: int = 8,
-                 max_stop_word_chars: int = 64):
+                 prefill_token_budget: int = 2048, prefill_chunk_tokens: int = 256, max_pending: int = 256,
+                 max_stop_words: int = 8, max_stop_word_chars: int = 64):
         self.model, self.token_bytes, self.eos = model, token_bytes, eos_token_id
         self.on_progress = on_progress  # called after every loop turn (statistics)
         # asking a sink whether its client left costs a round trip to the server: every step (0) or less often
         self.cancel_poll_seconds, self._polled_at = cancel_poll_seconds, 0.0
         self.max_batch_size, self.max_tokens_limit = max_batch_size, max_tokens_limit
-        self.prefill_token_budget = prefill_token_budget
+        self.prefill_token_budget = prefill_token_budget  # padded prompt tokens prefilled as one group
+        self.prefill_chunk_tokens = prefill_chunk_tokens  # padded prompt tokens fed per turn while others decode
         self.max_pending = max_pending  # requests waiting for a row; over it submit refuses (Overloaded)
         self.max_stop_words, self.max_stop_word_chars = max_stop_words, max_stop_word_chars
         self.context_window = model.config.n_positions
@@ -83,7 +98,7 @@ class GenerationEngine:
         self._pending: deque[_Sequence] = deque()
         self._wakeup = threading.Condition()
         self._running: list[_Sequence] = []
-        self._admitted: list[_Sequence] = []  # taken from pending, being prefilled
+        self._prefilling: deque[_Prefill] = deque()  # taken from pending, prompts being fed
         self._cache: DynamicCache | None = None
         self._mask: torch.Tensor | None = None  # [rows, cache length]: 1 = real token, 0 = left padding
         self._stopping = False
@@ -125,11 +140,12 @@ class GenerationEngine:
 
     @property
     def active(self) -> int:
-        return len(self._running) + len(self._pending)
+        return self.running + len(self._pending)
 
     @property
     def running(self) -> int:
-        return len(self._running)
+        """Sequences holding a row: decoding, or having their prompt fed."""
+        return len(self._running) + sum(len(group.seqs) for group in self._prefilling)
 
     @property
     def pending(self) -> int:
@@ -151,8 +167,9 @@ class GenerationEngine:
                 return
             except BaseException as exc:  # noqa: BLE001 - nothing may end the loop for good
                 with self._wakeup:
-                    running = self._running + [s for s in self._admitted if s not in self._running]
-                    doomed, self._pending, self._admitted = running + list(self._pending), deque(), []
+                    prefilling = [seq for group in self._prefilling for seq in group.seqs]
+                    doomed = self._running + [s for s in prefilling if s not in self._running] + list(self._pending)
+                    self._pending, self._prefilling = deque(), deque()
                     self._running, self._cache, self._mask = [], None, None
                     self.restarts += 1
                 _log.error("codegen decode loop died (%r); failing %d request(s) and restarting it", exc,
@@ -170,12 +187,12 @@ class GenerationEngine:
     def _loop(self) -> None:
         while True:
             with self._wakeup:
-                while not self._stopping and not self._running and not self._pending:
+                while not self._stopping and not self.running and not self._pending:
                     self._cancelled_keys.clear()  # nothing left that they could name
                     self._wakeup.wait()
                 if self._stopping:
                     break
-                room = self.max_batch_size - len(self._running)
+                room = self.max_batch_size - self.running
                 admitted = [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
                 keys, self._cancelled_keys = self._cancelled_keys, set()
                 if keys:  # waiting ones are dropped too (the filter below fails them)
@@ -186,12 +203,10 @@ class GenerationEngine:
             self._polled_at = started if poll else self._polled_at
             # a failure from here on (e.g. in the forward pass) leaves the batch's cache unusable: the
             # supervisor fails everything in the engine and restarts the loop on a fresh cache
-            self._admitted = [seq for seq in admitted if not self._gone(seq, keys, poll)]
+            self._prefilling += self._prefill_groups([seq for seq in admitted if not self._gone(seq, keys, poll)])
             self._drop_cancelled(keys, poll)
-            taking_part = len(self._admitted) + len(self._running)
-            for group in self._prefill_groups(self._admitted):
-                self._prefill(group)
-            self._admitted = []
+            taking_part = self.running
+            self._feed_prompts()
             if self._running:
                 self._decode_step()
             elapsed = time.perf_counter() - started
@@ -202,10 +217,11 @@ class GenerationEngine:
                     self.on_progress(self)
                 except Exception:  # noqa: BLE001 - statistics must never stop the generation
                     _log.exception("codegen progress callback failed (ignored)")
-        for seq in self._running + list(self._pending):
+        prefilling = [seq for group in self._prefilling for seq in group.seqs]
+        for seq in self._running + prefilling + list(self._pending):
             self._fail(seq, RuntimeError("the generator is shutting down"))
 
-    def _prefill_groups(self, seqs: list[_Sequence]) -> list[list[_Sequence]]:
+    def _prefill_groups(self, seqs: list[_Sequence]) -> list[_Prefill]:
         """Requests admitted together are prefilled together, up to a padded-token budget (the
         attention scores of a prefill grow with rows x length^2)."""
         groups: list[list[_Sequence]] = []
@@ -216,11 +232,9 @@ class GenerationEngine:
                 groups.append([seq])
             else:
                 group.append(seq)
-        return groups
+        return [self._left_padded(group) for group in groups]
 
-    @torch.inference_mode()
-    def _prefill(self, seqs: list[_Sequence]) -> None:
-        """One left-padded forward over the prompts; the rows that go on join the running batch."""
+    def _left_padded(self, seqs: list[_Sequence]) -> _Prefill:
         width = max(len(s.request.input_ids) for s in seqs)
         ids = torch.zeros(len(seqs), width, dtype=torch.long)
         mask = torch.zeros(len(seqs), width, dtype=torch.long)
@@ -229,18 +243,47 @@ class GenerationEngine:
             ids[row, width - len(prompt):] = torch.tensor(list(prompt), dtype=torch.long)
             mask[row, width - len(prompt):] = 1
             seq.cached = len(prompt)
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                         use_cache=True)
-        logits = out.logits[:, -1]
+        return _Prefill(seqs, ids.to(self.device), mask.to(self.device))
+
+    def _feed_prompts(self) -> None:
+        """Feed prompt chunks, oldest group first: at most prefill_chunk_tokens (padded) while a batch
+        is decoding, all of them while none is (nobody waits then)."""
+        budget = self.prefill_chunk_tokens
+        while self._prefilling and (budget > 0 or not self._running):
+            budget -= self._feed_chunk(self._prefilling[0], budget if self._running else None)
+
+    @torch.inference_mode()
+    def _feed_chunk(self, group: _Prefill, tokens: int | None) -> int:
+        """One forward over the next columns (about `tokens` padded tokens, or all that are left) of a
+        group's prompts; after the last one, each row's first token is chosen and the rows that go on
+        join the running batch. Returns the tokens fed."""
+        rows, width = group.ids.shape
+        start = group.fed
+        end = width if tokens is None else min(width, start + max(1, tokens // rows))
+        mask = group.mask[:, :end]
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, start:]
+        logits = self._forward(group.ids[:, start:end], mask, positions, group.cache, logits=end == width)
+        group.fed = end
+        if end < width:
+            return rows * (end - start)
+        self._prefilling.popleft()
         greedy = logits.argmax(-1).tolist()
-        keep = [row for row, seq in enumerate(seqs) if self._accept(seq, greedy[row], logits[row])]
+        keep = [row for row, seq in enumerate(group.seqs) if self._accept(seq, greedy[row], logits[row])]
         if keep:
-            if len(keep) < len(seqs):
-                mask = self._select_rows(cache, mask, keep)
-            self._join([seqs[row] for row in keep], cache, mask)
+            mask = group.mask if len(keep) == rows else self._select_rows(group.cache, group.mask, keep)
+            self._join([group.seqs[row] for row in keep], group.cache, mask)
+        return rows * (end - start)
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: DynamicCache,
+                 logits: bool = True) -> torch.Tensor | None:
+        """The model over new columns (appended to the cache); the next-token logits of each row's last
+        column only (the vocabulary projection of every prompt position would be thrown away)."""
+        hidden = self.model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                       past_key_values=cache, use_cache=True).last_hidden_state
+        if not logits:
+            return None
+        # float32 as the causal-LM head returns them (sampling in half precision is not stable)
+        return self.model.get_output_embeddings()(hidden[:, -1]).float()
 
     @torch.inference_mode()
     def _decode_step(self) -> None:
@@ -248,11 +291,9 @@ class GenerationEngine:
         ids = torch.tensor([[s.last_token] for s in rows], dtype=torch.long, device=self.device)
         positions = torch.tensor([[s.cached] for s in rows], dtype=torch.long, device=self.device)
         self._mask = torch.cat([self._mask, torch.ones_like(ids)], dim=1)
-        out = self.model(input_ids=ids, attention_mask=self._mask, position_ids=positions,
-                         past_key_values=self._cache, use_cache=True)
+        logits = self._forward(ids, self._mask, positions, self._cache)
         self.steps += 1
         self.rows_decoded += len(rows)
-        logits = out.logits[:, -1]
         greedy = logits.argmax(-1).tolist()
         keep = []
         for i, seq in enumerate(rows):
@@ -346,3 +387,18 @@ class GenerationEngine:
         keep = [i for i, seq in enumerate(self._running) if not self._gone(seq, cancelled_keys, poll)]
         if len(keep) < len(self._running):
             self._keep_rows(keep)
+        for group in list(self._prefilling):
+            keep = [i for i, seq in enumerate(group.seqs) if not self._gone(seq, cancelled_keys, poll)]
+            if not keep:
+                self._prefilling.remove(group)
+            elif len(keep) < len(group.seqs):
+                self._keep_prompt_rows(group, keep)
+
+    @staticmethod
+    def _keep_prompt_rows(group: _Prefill, keep: list[int]) -> None:
+        """Drop rows of a group still being fed (its columns stay aligned with its ids)."""
+        index = torch.tensor(keep, dtype=torch.long, device=group.ids.device)
+        group.seqs = [group.seqs[i] for i in keep]
+        group.ids, group.mask = group.ids.index_select(0, index), group.mask.index_select(0, index)
+        for layer in group.cache.layers:
+            layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)

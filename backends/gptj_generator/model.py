@@ -140,6 +140,7 @@ class TritonPythonModel:
                                   config_param(config, "max_tokens_limit", int, 512), device,
                                   on_progress=self.metrics.update,
                                   max_pending=config_param(config, "max_pending_requests", int, 256),
+                                  prefill_chunk_tokens=config_param(config, "prefill_chunk_tokens", int, 256),
                                   max_stop_words=config_param(config, "max_stop_words", int, 8),
                                   max_stop_word_chars=config_param(config, "max_stop_word_chars", int, 64),
                                   cancel_poll_seconds=config_param(config, "cancel_poll_seconds", float, 0.0))
