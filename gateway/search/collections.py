@@ -99,7 +99,7 @@ class Collections:
     def _open_store(self, info: CollectionInfo):
         if info.store == "faiss":
             return FaissStore(self.folder / "faiss" / info.name, info.dimension,
-                              hnsw_threshold=self.settings.faiss_hnsw_threshold)
+                              ann_threshold=self.settings.faiss_ann_threshold)
         from gateway.search.qdrant_store import QdrantStore
 
         return QdrantStore(self.qdrant(), info.name, info.dimension, self._qdrant_lock)
