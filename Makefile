@@ -32,7 +32,7 @@ soak: setup model
 	@$(PY) bench/soak.py --seconds $(SOAK_S) $(SOAK_ARGS)
 
 bench: setup model
-	@$(PY) client/bench.py $(BENCH_ARGS)
+	@$(PY) bench/suite.py $(BENCH_ARGS)
 
 # Published ports bind loopback unless told otherwise (DOCKER_BIND=0.0.0.0: then set TRITON_ADMIN_KEY, README "Exposure").
 DOCKER_BIND ?= 127.0.0.1

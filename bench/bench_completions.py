@@ -4,9 +4,9 @@ and 16 (the seed's lengths), closed loop. Per row: requests/s, tokens/s, time to
 inter-token latency p50 (per request: (last piece - first piece) / (tokens - 1)). Goal: the gateway
 costs <= 5% of tokens/s and <= 2 ms of TTFT p50.
 
-    python client/bench.py --only completions [--url HOST:GRPC_PORT] [--window 8] [--quick]
+    python bench/suite.py --only completions [--url HOST:GRPC_PORT] [--window 8] [--quick]
 
-client/bench.py starts the tritonserver (or uses --url); `run(ctx)` starts a gateway in front of it.
+bench/suite.py starts the tritonserver (or uses --url); `run(ctx)` starts a gateway in front of it.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n\n\ndef main(argv):\n",
            "class LRUCache:\n    def __init__(self, capacity):\n", "# parse a CSV file\nwith open(path) as f:\n"]
 LENGTHS = (8, 32, 128, 512)
 CONCURRENCY = (1, 16)
-STEP_SECONDS = 0.004  # one decode step of the demo GPT-J, one row (client/bench_codegen.py)
+STEP_SECONDS = 0.004  # one decode step of the demo GPT-J, one row (bench/bench_codegen.py)
 
 
 @dataclass
@@ -77,7 +77,7 @@ OneRequest = Callable[[str, int], Awaitable[Timing]]
 
 async def _closed_loop(one: OneRequest, max_tokens: int, concurrency: int, warmup: float,
                        window: float) -> tuple[list[Timing], int, str]:
-    """As client/perf.py counts: every request that ends inside the window counts."""
+    """As bench/perf.py counts: every request that ends inside the window counts."""
     prompts = itertools.cycle(PROMPTS)
     timings: list[Timing] = []
     errors, first_error = 0, ""

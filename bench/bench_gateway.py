@@ -1,12 +1,12 @@
 """The embedding gateway: POST /v1/embeddings with one sentence per request at concurrency 1, 32 and 256
 (closed loop over HTTP, bench/http_load.py), beside the same sentences sent straight to `text_embedding`
-over gRPC (client/perf.py) in the same run. Per level: req/s, p50/p95, errors, the gateway/direct
+over gRPC (bench/perf.py) in the same run. Per level: req/s, p50/p95, errors, the gateway/direct
 throughput ratio, and the CPU share of the gateway process and of tritonserver + its stubs.
 Goal (issue 10): gateway >= 0.8x direct gRPC at concurrency 32, no errors at 256.
 
-    python client/bench.py --only gateway [--url HOST:GRPC_PORT] [--window 8] [--quick]
+    python bench/suite.py --only gateway [--url HOST:GRPC_PORT] [--window 8] [--quick]
 
-client/bench.py starts the tritonserver (or uses --url); `run(ctx)` starts a gateway in front of it.
+bench/suite.py starts the tritonserver (or uses --url); `run(ctx)` starts a gateway in front of it.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@
    and 16 over HTTP (bench/http_load.py).
 
     python bench/bench_search.py [--vectors 100000] [--images 1000] [--window 5] [--quick]
-As a `make bench` entry (`client/bench.py --only search`) it starts its own tritonserver for part 2
+As a `make bench` entry (`bench/suite.py --only search`) it starts its own tritonserver for part 2
 (the gateway's generated models live in a DATA_DIR that server must serve).
 """
 from __future__ import annotations

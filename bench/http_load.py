@@ -1,4 +1,4 @@
-"""Closed-loop HTTP load (the HTTP twin of client/perf.py's gRPC `run_load`): `concurrency` clients
+"""Closed-loop HTTP load (the HTTP twin of bench/perf.py's gRPC `run_load`): `concurrency` clients
 each send their next request as soon as the last returns; every request that ends inside the window
 counts. Used for the gateway and for the FastAPI peer, so both are measured the same way."""
 from __future__ import annotations

@@ -22,7 +22,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "backends"), str(ROOT / "client"), str(ROO
 
 from google.protobuf import json_format  # noqa: E402
 
-from bench import memory_mib  # noqa: E402
+from suite import memory_mib  # noqa: E402
 from http_load import run_http_load  # noqa: E402
 from perf import in_process_limit, run_load, text_inputs_factory  # noqa: E402
 from tools.model_repo import parse_config  # noqa: E402

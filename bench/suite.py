@@ -1,8 +1,10 @@
 """`make bench`: every pipeline's served throughput and latency next to its in-process limit, and
 the whole server's memory. Starts its own tritonserver on free ports unless --url is given.
 
-Each pipeline has client/bench_<pipeline>.py with `run(ctx)` and, if its models are not just
+Each pipeline has bench/bench_<pipeline>.py with `run(ctx)` and, if its models are not just
 `[<pipeline>]`, a `MODELS` list of the models to load.
+
+    python bench/suite.py [--only text_embedding ner ...] [--quick]
 """
 from __future__ import annotations
 
@@ -24,8 +26,7 @@ ORDER = ["text_embedding", "ner", "food_captioning", "codegen"]
 
 
 def available_benches() -> list[str]:
-    found = {p.stem.removeprefix("bench_") for folder in (Path(__file__).parent, ROOT / "bench")
-             for p in folder.glob("bench_*.py")}
+    found = {p.stem.removeprefix("bench_") for p in Path(__file__).parent.glob("bench_*.py")}
     return [n for n in ORDER if n in found] + sorted(found - set(ORDER))
 
 

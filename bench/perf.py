@@ -2,7 +2,7 @@
 load on any model at a range of concurrencies, client percentiles, and the server-side breakdown from
 the statistics API, printed in perf_analyzer's layout.
 
-    python client/perf.py -m text_embedding --concurrency 1,8,32 --text "a sentence"
+    python bench/perf.py -m text_embedding --concurrency 1,8,32 --text "a sentence"
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 
-from string_tensors import string_rows
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "client"))  # string_tensors: the clients' helper
+from string_tensors import string_rows  # noqa: E402
 
 InputsFactory = Callable[[], list]  # returns fresh grpcclient.InferInput objects for one request
 
