@@ -220,3 +220,33 @@ def test_stream_errors_are_classified_by_message(message, kind):
     assert type(error) is kind
     if kind is errors.BadRequest:
         assert error.message == message
+
+
+class BurstEngine:
+    """Every response of a sequence at once (no pause between them): they queue up before the
+    gateway's consumer runs, as when the gateway falls behind the generator."""
+
+    async def stream_infer(self, model, inputs, timeout_s=None):
+        max_tokens = int(_value(inputs, "max_tokens"))
+        for i in range(max_tokens):
+            last = i == max_tokens - 1
+            yield StreamResponse({"text_output": np.array([[f"t{i} ".encode()]], dtype=object),
+                                  "finish_reason": np.array([[b"length" if last else b""]], dtype=object),
+                                  "prompt_tokens": np.array([[3]], dtype=np.int32),
+                                  "completion_tokens": np.array([[i + 1]], dtype=np.int32)}, last)
+
+
+def test_pieces_that_queue_up_together_are_joined_per_sequence():
+    body = CompletionRequest(model="codegen", prompt=["a", "b"], max_tokens=5)
+    seqs = sequences(body, ["a", "b"])
+
+    async def main():
+        return [piece async for piece in runner.stream(BurstEngine(), seqs)]
+
+    pieces = asyncio.run(main())
+    assert len(pieces) < 2 * 5, "every generated piece became its own event"
+    for index in (0, 1):
+        mine = [p for p in pieces if p.index == index]
+        assert "".join(p.text for p in mine) == "t0 t1 t2 t3 t4 "
+        assert [p.finish_reason for p in mine][-1] == "length" and all(p.finish_reason is None for p in mine[:-1])
+        assert mine[-1].completion_tokens == 5 and mine[-1].prompt_tokens == 3

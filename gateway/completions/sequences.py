@@ -68,8 +68,25 @@ class _Tracker:
         return Piece(self.index, text, reason, self.prompt_tokens, self.completion_tokens)
 
 
+def _coalesced(pieces: list[Piece]) -> list[Piece]:
+    """One piece per sequence from pieces that arrived together (in order): under load the gateway then
+    writes one event per sequence per turn of its loop instead of one per generated piece."""
+    merged: dict[int, Piece] = {}
+    for piece in pieces:
+        seen = merged.get(piece.index)
+        if seen is None:
+            merged[piece.index] = Piece(piece.index, piece.text, piece.finish_reason, piece.prompt_tokens,
+                                        piece.completion_tokens)
+        else:
+            seen.text += piece.text
+            seen.finish_reason = piece.finish_reason or seen.finish_reason
+            seen.prompt_tokens, seen.completion_tokens = piece.prompt_tokens, piece.completion_tokens
+    return list(merged.values())
+
+
 async def stream(engine, seqs: list[Sequence]) -> AsyncIterator[Piece]:
-    """Every sequence's pieces as they arrive (empty non-final pieces dropped); the first error raises."""
+    """Every sequence's pieces as they arrive (empty non-final pieces dropped; pieces of one sequence
+    that queued up together are joined into one); the first error raises."""
     queue: asyncio.Queue = asyncio.Queue()
 
     async def run(seq: Sequence) -> None:
@@ -88,13 +105,15 @@ async def stream(engine, seqs: list[Sequence]) -> AsyncIterator[Piece]:
     try:
         remaining = len(tasks)
         while remaining:
-            item = await queue.get()
-            if item is _DONE:
-                remaining -= 1
-            elif isinstance(item, Exception):
-                raise item
-            else:
-                yield item
+            items = [await queue.get()]
+            while not queue.empty():  # pieces that queued up while the client was written to
+                items.append(queue.get_nowait())
+            remaining -= sum(item is _DONE for item in items)
+            errors = [i for i, item in enumerate(items) if isinstance(item, Exception)]
+            for piece in _coalesced([item for item in items[:errors[0] if errors else None] if isinstance(item, Piece)]):
+                yield piece
+            if errors:
+                raise items[errors[0]]
     finally:
         for task in tasks:
             task.cancel()
