@@ -58,3 +58,40 @@ def test_execute_batched_turns_a_crashing_batch_into_errors_not_a_crash():
     responses = execute_batched([object(), object()], parse=lambda r: r, compute=compute, respond=None)
     assert all(r.error().code() == pb.TritonError.INTERNAL for r in responses)
     assert all("internal error (id " in r.error().message() and "memory" not in r.error().message() for r in responses)
+
+
+class _Iterator:
+    """Stands in for a BLS ResponseIterator (weak-referenceable)."""
+
+
+class _Request:
+    def __init__(self, cancelled: bool):
+        self.cancelled, self.asked = cancelled, 0
+
+    def is_cancelled(self) -> bool:
+        self.asked += 1
+        return self.cancelled
+
+
+def test_bls_iterators_are_dropped_only_after_the_stubs_round_trip():
+    """A live request's is_cancelled() round trip comes after the stub's queued cleanups, so the last
+    references go then (with the GIL); a cancelled request's answer may come from a cache, so its
+    iterators wait for the next request's round trip."""
+    import gc
+    import weakref
+
+    from stage_common.bls_iterators import IteratorRelease
+
+    release = IteratorRelease()
+    first, second = _Iterator(), _Iterator()
+    refs = [weakref.ref(first), weakref.ref(second)]
+    cancelled = _Request(cancelled=True)
+    release.after_cleanup(cancelled, [first])
+    del first
+    gc.collect()
+    assert cancelled.asked == 1 and refs[0]() is not None, "dropped without a confirmed round trip"
+    live = _Request(cancelled=False)
+    release.after_cleanup(live, [second])
+    del second
+    gc.collect()
+    assert live.asked == 1 and refs[0]() is None and refs[1]() is None

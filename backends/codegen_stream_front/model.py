@@ -9,6 +9,7 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from gptj_generator.generation_params import GenerationParams  # noqa: E402
 from stage_common.errors import BadInput  # noqa: E402
+from stage_common.bls_iterators import IteratorRelease  # noqa: E402
 from stage_common.bounded_workers import BoundedWorkers  # noqa: E402
 from stage_common.params import config_param  # noqa: E402
 from stage_common.triton_io import error_response, load_model_config, string_tensor  # noqa: E402
@@ -62,6 +63,7 @@ class TritonPythonModel:
         self.generator = config_param(config, "generator_model", str)
         self.postprocess = config_param(config, "postprocess_model", str)
         self.workers = BoundedWorkers(config_param(config, "max_in_flight", int, 64), "codegen-stream")
+        self.release = IteratorRelease()
 
     def execute(self, requests):
         for request in requests:
@@ -76,33 +78,51 @@ class TritonPythonModel:
         return _ok(pb_utils.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=outputs).exec())
 
     def _serve(self, request, sender):
-        key, responses = uuid.uuid4().hex, None
+        iterators = []  # every decoupled BLS call's responses: released only after the stub's cleanup
         try:
-            tokens = self._call(self.preprocess, _renamed(request, PREPROCESS_INPUTS),
-                                ["input_ids", "input_lengths", "generation_params"])
-            ids_in = pb_utils.get_output_tensor_by_name(tokens, "input_ids").as_numpy()
-            if ids_in.shape[0] != 1:
-                raise BadInput(f"codegen_stream takes one prompt per request, got {ids_in.shape[0]} rows")
-            params_tensor = pb_utils.get_output_tensor_by_name(tokens, "generation_params")
-            params = GenerationParams.from_json(params_tensor.as_numpy().reshape(-1)[0])
-            prompt_tokens = int(ids_in.shape[1])
-            arrays = params.generator_arrays()
-            generation = pb_utils.InferenceRequest(
-                model_name=self.generator, request_id=key,
-                requested_output_names=["output_ids", "finish_reason", "completion_tokens"],
-                inputs=[pb_utils.Tensor("input_ids", ids_in),
-                        pb_utils.Tensor("input_lengths", np.array([[prompt_tokens]], np.int32))]
-                + [pb_utils.Tensor(name, array) for name, array in arrays.items()])
-            prefix = b"" if params.exclude_input else _text(request, "text_input")
-            responses = generation.exec(decoupled=True)
-            finished = False
+            last = self._stream(request, sender, iterators)
+        except StageError as exc:
+            last = pb_utils.InferenceResponse(output_tensors=[],
+                                              error=pb_utils.TritonError(exc.error.message(), exc.error.code()))
+        except Exception as exc:  # noqa: BLE001 - reported to this request's client alone
+            last = error_response(exc)
+        try:
+            self.release.after_cleanup(request, iterators)
+            if last is None:  # a cancelled request needs the final flag too: Triton waits for it to unload
+                sender.send(flags=FINAL)
+            else:
+                sender.send(last, flags=FINAL)
+        except Exception:  # noqa: BLE001 - nobody left to tell
+            pass
+
+    def _stream(self, request, sender, iterators: list):
+        """Sends every piece but the last and returns the last response (None: a bare final flag)."""
+        key = uuid.uuid4().hex
+        tokens = self._call(self.preprocess, _renamed(request, PREPROCESS_INPUTS),
+                            ["input_ids", "input_lengths", "generation_params"])
+        ids_in = pb_utils.get_output_tensor_by_name(tokens, "input_ids").as_numpy()
+        if ids_in.shape[0] != 1:
+            raise BadInput(f"codegen_stream takes one prompt per request, got {ids_in.shape[0]} rows")
+        params_tensor = pb_utils.get_output_tensor_by_name(tokens, "generation_params")
+        params = GenerationParams.from_json(params_tensor.as_numpy().reshape(-1)[0])
+        prompt_tokens = int(ids_in.shape[1])
+        generation = pb_utils.InferenceRequest(
+            model_name=self.generator, request_id=key,
+            requested_output_names=["output_ids", "finish_reason", "completion_tokens"],
+            inputs=[pb_utils.Tensor("input_ids", ids_in),
+                    pb_utils.Tensor("input_lengths", np.array([[prompt_tokens]], np.int32))]
+            + [pb_utils.Tensor(name, array) for name, array in params.generator_arrays().items()])
+        prefix = b"" if params.exclude_input else _text(request, "text_input")
+        responses = generation.exec(decoupled=True)
+        iterators.append(responses)
+        try:
             for response in responses:
                 ids = pb_utils.get_output_tensor_by_name(_ok(response), "output_ids")
                 if ids is None:
                     continue
                 if request.is_cancelled():
-                    self._stop(key, responses)
-                    break
+                    self._stop(key, responses, iterators)
+                    return None
                 reason = _text(response, "finish_reason", output=True).decode()
                 count = pb_utils.get_output_tensor_by_name(response, "completion_tokens").as_numpy().reshape(-1)[0]
                 piece = self._call(self.postprocess, [pb_utils.Tensor("output_ids", ids.as_numpy()), params_tensor],
@@ -110,33 +130,39 @@ class TritonPythonModel:
                 text = pb_utils.get_output_tensor_by_name(piece, "text_output").as_numpy().reshape(-1)[0]
                 text, prefix = prefix + text, b""
                 finished = reason in ("stop", "length")
-                sender.send(pb_utils.InferenceResponse([
+                out = pb_utils.InferenceResponse([
                     pb_utils.Tensor("text_output", np.array([[text]], dtype=np.object_)),
                     string_tensor("finish_reason", [reason if finished else ""], (1, 1)),
                     pb_utils.Tensor("prompt_tokens", np.array([[prompt_tokens]], np.int32)),
-                    pb_utils.Tensor("completion_tokens", np.array([[count]], np.int32))]),
-                    flags=FINAL if finished else 0)
-            if not finished:
-                sender.send(flags=FINAL)  # a cancelled request needs it too: Triton waits for it to unload
-        except StageError as exc:
-            error = pb_utils.TritonError(exc.error.message(), exc.error.code())
-            sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=FINAL)
-        except Exception as exc:  # noqa: BLE001 - reported to this request's client alone
-            if responses is not None:  # e.g. the client disconnected: free its generator row
-                self._stop(key, responses)
-            try:
-                sender.send(error_response(exc), flags=FINAL)
-            except Exception:  # noqa: BLE001 - nobody left to tell
-                pass
+                    pb_utils.Tensor("completion_tokens", np.array([[count]], np.int32))])
+                if finished:
+                    self._drain(responses)
+                    return out
+                sender.send(out)
+        except StageError:
+            self._drain(responses)
+            raise
+        except Exception:  # e.g. the client disconnected: free its generator row
+            self._stop(key, responses, iterators)
+            raise
+        return None
 
-    def _stop(self, key: str, responses) -> None:
+    @staticmethod
+    def _drain(responses) -> None:
+        """Read a generator stream to its end (only a finished iterator is cleaned up by the stub)."""
+        for _ in responses:
+            pass
+
+    def _stop(self, key: str, responses, iterators: list) -> None:
         stop = pb_utils.InferenceRequest(model_name=self.generator, request_id=key, requested_output_names=[],
                                          inputs=[pb_utils.Tensor("stop", np.array([[True]]))])
-        for _ in stop.exec(decoupled=True):
-            pass
-        for response in responses or ():  # the generator ends the stream it was feeding
+        acknowledged = stop.exec(decoupled=True)
+        iterators.append(acknowledged)
+        self._drain(acknowledged)
+        for response in responses:  # the generator ends the stream it was feeding
             if response.has_error():
                 break
+        self._drain(responses)
 
     def finalize(self):
         self.workers.shutdown()
