@@ -25,8 +25,9 @@ from supervisor.workload import Load  # noqa: E402
 from tools.triton_launcher import TritonServer, free_port, process_tree, shipped_models, shm_regions_mapped  # noqa: E402
 
 PIPELINES = ["text_embedding", "ner", "food_captioning", "codegen", "codegen_stream"]
-# not the decoupled generator: killing its stub under load once took tritonserver 2.51 down (README)
-KILL_TARGETS = ["text_embedding_encoder", "ner_decoder", "food_captioning_captioner",
+# one of each kind first (a torch stage, a torch-free one, the decoupled generator), so that a 30-minute
+# soak (5 kills) kills each; a 120 s soak kills only the first
+KILL_TARGETS = ["text_embedding_encoder", "ner_decoder", "codegen_generator", "food_captioning_captioner",
                 "text_embedding_tokenizer", "ner_tagger", "food_captioning_preprocess", "codegen_postprocess"]
 HEAL_LIMIT_S = 5.0
 

@@ -122,6 +122,10 @@ class TritonServer:
             f"--grpc-address={self.host}", f"--grpc-port={self.grpc_port}",
             f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}",
             "--log-verbose=0",
+            # Every config here is complete and no model.py defines auto_complete_config, yet with
+            # auto-complete on, each Python-model load first runs a throwaway stub that imports model.py:
+            # 5 s of the generator's 8.5 s heal (torch import), 1.7 s of the text encoder's 2.6 s (measured).
+            "--disable-auto-complete-config",
         ]
         if self.explicit_models is not None:
             cmd.append("--model-control-mode=explicit")

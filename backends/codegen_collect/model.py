@@ -1,6 +1,6 @@
 import sys
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -9,6 +9,7 @@ import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from gptj_generator.generation_params import GenerationParams  # noqa: E402
+from stage_common.bls_iterators import IteratorRelease  # noqa: E402
 from stage_common.bounded_workers import BoundedWorkers  # noqa: E402
 from stage_common.params import config_param  # noqa: E402
 from stage_common.triton_io import error_response, input_array, load_model_config, string_tensor  # noqa: E402
@@ -41,6 +42,7 @@ class TritonPythonModel:
         self.workers = BoundedWorkers(in_flight, "codegen-collect")
         # rows run on their own pool: a request thread waiting for its rows never starves them
         self.row_workers = ThreadPoolExecutor(in_flight, thread_name_prefix="codegen-collect-row")
+        self.release = IteratorRelease()
 
     def execute(self, requests):
         for request in requests:
@@ -50,17 +52,43 @@ class TritonPythonModel:
                 request.get_response_sender().send(error_response(exc), flags=FINAL)
         return None
 
-    def _row(self, ids: np.ndarray, params: GenerationParams, key: str):
+    def _serve(self, request):
+        try:
+            response = self._answer(request)
+        except RowError as exc:
+            error = pb_utils.TritonError(exc.error.message(), exc.error.code())
+            response = pb_utils.InferenceResponse(output_tensors=[], error=error)
+        except Exception as exc:  # noqa: BLE001 - reported to this request's client alone
+            response = error_response(exc)
+        request.get_response_sender().send(response, flags=FINAL)
+
+    def _answer(self, request):
+        ids, lengths = input_array(request, "input_ids"), input_array(request, "input_lengths").reshape(-1)
+        params = [GenerationParams.from_json(v) for v in input_array(request, "generation_params").reshape(-1)]
+        iterators = []  # every row's, filled by _row
+        try:
+            rows = [self.row_workers.submit(self._row, ids[i, :lengths[i]], params[i], uuid.uuid4().hex, iterators)
+                    for i in range(len(params))]
+            wait(rows)  # all of them, even after a failed one: their iterators must be finished to be released
+            results = [row.result() for row in rows]
+        finally:
+            self.release.after_cleanup(request, iterators)
+        return self._response(results, lengths)
+
+    def _row(self, ids: np.ndarray, params: GenerationParams, key: str, iterators: list):
         inputs = [pb_utils.Tensor("input_ids", ids[None, :].astype(np.int32)),
                   pb_utils.Tensor("input_lengths", np.array([[ids.shape[0]]], np.int32)),
                   pb_utils.Tensor("streaming", np.array([[False]]))]
         inputs += [pb_utils.Tensor(name, array) for name, array in params.generator_arrays().items()]
         call = pb_utils.InferenceRequest(model_name=self.generator, inputs=inputs, request_id=key,
                                          requested_output_names=["output_ids", "finish_reason", "completion_tokens"])
-        chunks, reason, count = [], "", 0
-        for response in call.exec(decoupled=True):
+        responses = call.exec(decoupled=True)
+        iterators.append(responses)
+        chunks, reason, count, error = [], "", 0, None
+        for response in responses:  # to the end even after an error: only a finished iterator is cleaned up
             if response.has_error():
-                raise RowError(response.error())
+                error = response.error() if error is None else error
+                continue
             out = {t.name(): t.as_numpy() for t in response.output_tensors()}
             if "output_ids" in out:
                 chunks.append(out["output_ids"].reshape(-1))
@@ -69,31 +97,21 @@ class TritonPythonModel:
                 reason = (value.decode() if isinstance(value, bytes) else str(value)) or reason
             if "completion_tokens" in out:
                 count = int(out["completion_tokens"].reshape(-1)[0])
+        if error is not None:
+            raise RowError(error)
         return (np.concatenate(chunks).astype(np.int32) if chunks else np.zeros(0, np.int32)), reason, count
 
-    def _serve(self, request):
-        sender = request.get_response_sender()
-        try:
-            ids, lengths = input_array(request, "input_ids"), input_array(request, "input_lengths").reshape(-1)
-            params = [GenerationParams.from_json(v) for v in input_array(request, "generation_params").reshape(-1)]
-            keys = [uuid.uuid4().hex for _ in params]
-            rows = [self.row_workers.submit(self._row, ids[i, :lengths[i]], params[i], keys[i])
-                    for i in range(len(params))]
-            results = [row.result() for row in rows]
-            width = max([len(out) for out, _, _ in results] + [0])
-            output = np.full((len(results), width), PAD, np.int32)
-            for i, (out, _, _) in enumerate(results):
-                output[i, :len(out)] = out
-            tensors = [pb_utils.Tensor("output_ids", output),
-                       string_tensor("finish_reason", [reason for _, reason, _ in results], (len(results), 1)),
-                       pb_utils.Tensor("prompt_tokens", lengths.astype(np.int32).reshape(-1, 1)),
-                       pb_utils.Tensor("completion_tokens", np.array([[c] for _, _, c in results], np.int32))]
-            sender.send(pb_utils.InferenceResponse(tensors), flags=FINAL)
-        except RowError as exc:
-            error = pb_utils.TritonError(exc.error.message(), exc.error.code())
-            sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=FINAL)
-        except Exception as exc:  # noqa: BLE001 - reported to this request's client alone
-            sender.send(error_response(exc), flags=FINAL)
+    @staticmethod
+    def _response(results, lengths):
+        width = max([len(out) for out, _, _ in results] + [0])
+        output = np.full((len(results), width), PAD, np.int32)
+        for i, (out, _, _) in enumerate(results):
+            output[i, :len(out)] = out
+        return pb_utils.InferenceResponse([
+            pb_utils.Tensor("output_ids", output),
+            string_tensor("finish_reason", [reason for _, reason, _ in results], (len(results), 1)),
+            pb_utils.Tensor("prompt_tokens", lengths.astype(np.int32).reshape(-1, 1)),
+            pb_utils.Tensor("completion_tokens", np.array([[c] for _, _, c in results], np.int32))])
 
     def finalize(self):
         self.workers.shutdown()
