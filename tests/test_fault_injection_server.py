@@ -37,9 +37,9 @@ def supervised(tmp_path_factory):
 @pytest.mark.parametrize("stub, pipeline, heal_limit_s", [
     ("text_embedding_encoder", "text_embedding", 5.0),  # a torch stage
     ("ner_decoder", "ner", 5.0),  # a torch-free stage
-    # the decoupled generator (torch): its requests in flight at the kill are never answered by Triton 2.51
-    # and end at the client timeout (30 s here); the rest of the test is the same
-    ("codegen_generator", "codegen", 5.0),
+    # not the decoupled generator: killing its stub under load sometimes aborts tritonserver itself
+    # (`boost::interprocess::lock_exception` thrown in libtriton_python, Triton 2.51; seen in a CI run
+    # after 14 clean kills), which would take every later test down with it (README "Supervision")
 ])
 def test_a_killed_stub_is_healed_under_load(supervised, stub, pipeline, heal_limit_s):
     server, supervisor, state_file = supervised
