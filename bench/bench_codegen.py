@@ -18,6 +18,7 @@ share of the server's compute).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import os
@@ -130,29 +131,38 @@ def time_to_first_token(url: str, max_tokens: int, concurrency: int, prompts: li
     return firsts
 
 
-def mixed_load(url: str, seconds: float, long_clients: int = 8) -> list[float]:
-    """8-token requests (one client) while `long_clients` clients keep 256-token requests running."""
+@contextlib.contextmanager
+def busy_clients(url: str, clients: int, max_tokens: int):
+    """`clients` threads sending unary `codegen` requests of `max_tokens` back to back while inside."""
     stop = threading.Event()
-    short: list[float] = []
 
-    def long_client(i: int) -> None:
+    def client_loop(i: int) -> None:
         client = grpcclient.InferenceServerClient(url)
         while not stop.is_set():
-            client.infer("codegen", request_inputs(PROMPTS[i % len(PROMPTS)], 256))
+            client.infer("codegen", request_inputs(PROMPTS[i % len(PROMPTS)], max_tokens))
 
-    longs = [threading.Thread(target=long_client, args=(i,)) for i in range(long_clients)]
-    for t in longs:
+    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(clients)]
+    for t in threads:
         t.start()
-    time.sleep(2.0)  # the long generations are under way
-    client = grpcclient.InferenceServerClient(url)
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        t0 = time.perf_counter()
-        client.infer("codegen", request_inputs(PROMPTS[0], 8))
-        short.append(time.perf_counter() - t0)
-    stop.set()
-    for t in longs:
-        t.join()
+    try:
+        yield
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+
+
+def mixed_load(url: str, seconds: float, long_clients: int = 8) -> list[float]:
+    """8-token requests (one client) while `long_clients` clients keep 256-token requests running."""
+    short: list[float] = []
+    with busy_clients(url, long_clients, 256):
+        time.sleep(2.0)  # the long generations are under way
+        client = grpcclient.InferenceServerClient(url)
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            t0 = time.perf_counter()
+            client.infer("codegen", request_inputs(PROMPTS[0], 8))
+            short.append(time.perf_counter() - t0)
     return short
 
 
@@ -171,27 +181,13 @@ def joining_ttft(url: str, murl: str, running: int = 15, samples: int = 8) -> tu
     sequences that keep decoding (clients sending 64-token requests back to back)."""
     time_to_first_token(url, 4, 1, [JOINING_PROMPT])  # the stream path's first call sets up lazily
     idle = [time_to_first_token(url, 4, 1, [JOINING_PROMPT])[0] for _ in range(samples)]
-    stop = threading.Event()
-
-    def busy_client(i: int) -> None:
-        client = grpcclient.InferenceServerClient(url)
-        while not stop.is_set():
-            client.infer("codegen", request_inputs(PROMPTS[i % len(PROMPTS)], 64))
-
-    clients = [threading.Thread(target=busy_client, args=(i,)) for i in range(running)]
-    for t in clients:
-        t.start()
     joined = []
-    try:
+    with busy_clients(url, running, 64):
         deadline = time.monotonic() + 120
         while active_sequences(murl) < running and time.monotonic() < deadline:
             time.sleep(0.05)
         for _ in range(samples):
             joined += time_to_first_token(url, 4, 1, [JOINING_PROMPT])
-    finally:
-        stop.set()
-        for t in clients:
-            t.join()
     return idle, joined
 
 

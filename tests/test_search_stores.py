@@ -228,31 +228,31 @@ def test_a_log_cut_inside_the_first_record_header_opens_empty(tmp_path, cut):
     assert FaissStore(folder, DIM).count() == 0
 
 
-@pytest.mark.parametrize("where", [RECORD_HEADER.size + 8, 9], ids=["body", "length-field"])
-def test_a_damaged_record_before_the_tail_is_an_error_naming_the_log(tmp_path, where):
-    folder, v = tmp_path / "bad", vectors(20, seed=9)
+def two_batches_with_a_flipped_byte(folder, v, where: int):
+    """Two acknowledged writes of 10 points (a*, b*), then one byte of the log flipped; returns the log
+    (a flipped length field would reach past the end)."""
     store = FaissStore(folder, DIM)
     store.upsert([f"a{i}" for i in range(10)], v[:10], [{}] * 10)
     store.upsert([f"b{i}" for i in range(10)], v[10:], [{}] * 10)
     store.close()
     log = log_file(folder)
     data = bytearray(log.read_bytes())
-    data[where] ^= 0xFF  # inside the first, acknowledged, record (a length would reach past the end)
+    data[where] ^= 0xFF
     log.write_bytes(bytes(data))
+    return log
+
+
+@pytest.mark.parametrize("where", [RECORD_HEADER.size + 8, 9], ids=["body", "length-field"])
+def test_a_damaged_record_before_the_tail_is_an_error_naming_the_log(tmp_path, where):
+    folder, v = tmp_path / "bad", vectors(20, seed=9)
+    log = two_batches_with_a_flipped_byte(folder, v, where)  # inside the first, acknowledged, record
     with pytest.raises(CorruptFile, match=log.name):
         FaissStore(folder, DIM)
 
 
 def test_a_damaged_last_record_of_full_length_is_a_torn_tail(tmp_path):
     folder, v = tmp_path / "last", vectors(20, seed=10)
-    store = FaissStore(folder, DIM)
-    store.upsert([f"a{i}" for i in range(10)], v[:10], [{}] * 10)
-    store.upsert([f"b{i}" for i in range(10)], v[10:], [{}] * 10)
-    store.close()
-    log = log_file(folder)
-    data = bytearray(log.read_bytes())
-    data[-5] ^= 0xFF  # pages of an interrupted append written out of order
-    log.write_bytes(bytes(data))
+    two_batches_with_a_flipped_byte(folder, v, -5)  # pages of an interrupted append written out of order
     assert sorted(ids_of(FaissStore(folder, DIM).search(v[0], 20))) == sorted(f"a{i}" for i in range(10))
 
 
