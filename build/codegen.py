@@ -99,9 +99,10 @@ def build(profile: str) -> None:
         dest = version_dir("codegen_generator")
         model.save_pretrained(dest, safe_serialization=True)
         tokenizer.save_pretrained(dest)
-    with progress.step("tokenizer.json (+ config.json for the limits) -> codegen_preprocess, codegen_postprocess"):
+    with progress.step("tokenizer.json (+ config.json for the limits) -> codegen_preprocess, codegen_postprocess, "
+                       "codegen_stream"):
         for stage, files in (("codegen_preprocess", ("tokenizer.json", "config.json")),
-                             ("codegen_postprocess", ("tokenizer.json",))):
+                             ("codegen_postprocess", ("tokenizer.json",)), ("codegen_stream", ("tokenizer.json",))):
             stage_dir = version_dir(stage)
             for name in files:
                 (stage_dir / name).write_bytes((dest / name).read_bytes())

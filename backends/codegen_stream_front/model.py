@@ -7,14 +7,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
+from codegen_postprocess.detokenizer import Detokenizer  # noqa: E402
 from gptj_generator.generation_params import GenerationParams  # noqa: E402
 from stage_common.errors import BadInput  # noqa: E402
 from stage_common.bls_iterators import IteratorRelease  # noqa: E402
 from stage_common.bounded_workers import BoundedWorkers  # noqa: E402
 from stage_common.params import config_param  # noqa: E402
-from stage_common.triton_io import error_response, load_model_config, string_tensor  # noqa: E402
+from stage_common.triton_io import error_response, load_model_config, string_tensor, version_dir  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+GENERATOR_OUTPUTS = ["output_ids", "finish_reason", "completion_tokens"]
+# a stopped row ends at the generator's next step; each fetch waits for it, so a few suffice
+MAX_FETCHES_AFTER_STOP = 8
 # contract input -> the preprocessing input it feeds (names of Triton's TensorRT-LLM models), which
 # resolves them (and NVIDIA OpenAI-frontend sampling_parameters) into one generation_params row
 PREPROCESS_INPUTS = {"text_input": "text_input", "max_tokens": "request_output_len", "temperature": "temperature",
@@ -45,6 +49,24 @@ def _text(source, name: str, output: bool = False) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode()
 
 
+def _generator_request(model: str, key: str, inputs: list, outputs: list[str] | None = None):
+    return pb_utils.InferenceRequest(model_name=model, request_id=key, inputs=inputs,
+                                     requested_output_names=GENERATOR_OUTPUTS if outputs is None else outputs)
+
+
+def _one_response(call, iterators: list, check: bool = True):
+    """The one response of a decoupled BLS call (the generator answers each pulled-stream call once),
+    read to the end of its iterator, which is kept in `iterators` (stage_common/bls_iterators.py)."""
+    responses = call.exec(decoupled=True)
+    iterators.append(responses)
+    first = None
+    for response in responses:
+        first = response if first is None else first
+    if first is None and check:
+        raise RuntimeError("the generator ended a call without a response")
+    return _ok(first) if check else first
+
+
 def _ok(response):
     if response.has_error():
         raise StageError(response.error())
@@ -52,16 +74,18 @@ def _ok(response):
 
 
 class TritonPythonModel:
-    """Decoupled pipeline (BLS): preprocess -> generator (streaming) -> postprocess per released chunk,
-    one response per piece of text with the counts, the last (final) one with finish_reason. Not an
-    ensemble because Triton 2.51 does not pass a client's cancellation on to an ensemble step already running: here a cancelled or
-    disconnected client makes the front send the generator a stop request, which frees the row."""
+    """Decoupled pipeline (BLS): preprocess -> generator (a pulled stream: one BLS call per chunk, each
+    answered once) -> each chunk decoded here, one response per piece of text with the counts, the
+    last (final) one with finish_reason. Not an ensemble because Triton 2.51 does not pass a client's
+    cancellation on to an ensemble step already running: here a cancelled or disconnected client makes
+    the front send the generator a stop request, which frees the row."""
 
     def initialize(self, args):
         config = load_model_config(args)
         self.preprocess = config_param(config, "preprocess_model", str)
         self.generator = config_param(config, "generator_model", str)
-        self.postprocess = config_param(config, "postprocess_model", str)
+        # pieces are decoded here, not by a BLS call to codegen_postprocess per piece: one hop less
+        self.detokenizer = Detokenizer(version_dir(args) / "tokenizer.json")
         self.workers = BoundedWorkers(config_param(config, "max_in_flight", int, 64), "codegen-stream")
         self.release = IteratorRelease()
 
@@ -106,63 +130,50 @@ class TritonPythonModel:
         params_tensor = pb_utils.get_output_tensor_by_name(tokens, "generation_params")
         params = GenerationParams.from_json(params_tensor.as_numpy().reshape(-1)[0])
         prompt_tokens = int(ids_in.shape[1])
-        generation = pb_utils.InferenceRequest(
-            model_name=self.generator, request_id=key,
-            requested_output_names=["output_ids", "finish_reason", "completion_tokens"],
-            inputs=[pb_utils.Tensor("input_ids", ids_in),
-                    pb_utils.Tensor("input_lengths", np.array([[prompt_tokens]], np.int32))]
+        # a pulled stream: this call answers with the first chunk, each fetch with the next (one
+        # response per BLS call: see gptj_generator/pulled_stream.py)
+        call = _generator_request(self.generator, key, [
+            pb_utils.Tensor("input_ids", ids_in), pb_utils.Tensor("input_lengths", np.array([[prompt_tokens]], np.int32)),
+            pb_utils.Tensor("pull", np.array([[True]]))]
             + [pb_utils.Tensor(name, array) for name, array in params.generator_arrays().items()])
         prefix = b"" if params.exclude_input else _text(request, "text_input")
-        responses = generation.exec(decoupled=True)
-        iterators.append(responses)
         try:
-            for response in responses:
-                ids = pb_utils.get_output_tensor_by_name(_ok(response), "output_ids")
-                if ids is None:
-                    continue
+            while True:
+                response = _one_response(call, iterators)
                 if request.is_cancelled():
-                    self._stop(key, responses, iterators)
+                    self._stop(key, iterators)
                     return None
+                ids = pb_utils.get_output_tensor_by_name(response, "output_ids").as_numpy().reshape(-1)
                 reason = _text(response, "finish_reason", output=True).decode()
                 count = pb_utils.get_output_tensor_by_name(response, "completion_tokens").as_numpy().reshape(-1)[0]
-                piece = self._call(self.postprocess, [pb_utils.Tensor("output_ids", ids.as_numpy()), params_tensor],
-                                   ["text_output"])
-                text = pb_utils.get_output_tensor_by_name(piece, "text_output").as_numpy().reshape(-1)[0]
-                text, prefix = prefix + text, b""
-                finished = reason in ("stop", "length")
+                piece = self.detokenizer.decode([(ids, params.stop)])[0]
+                if isinstance(piece, Exception):
+                    raise piece
+                text, prefix = prefix + piece.encode(), b""
                 out = pb_utils.InferenceResponse([
                     pb_utils.Tensor("text_output", np.array([[text]], dtype=np.object_)),
-                    string_tensor("finish_reason", [reason if finished else ""], (1, 1)),
+                    string_tensor("finish_reason", [reason], (1, 1)),
                     pb_utils.Tensor("prompt_tokens", np.array([[prompt_tokens]], np.int32)),
                     pb_utils.Tensor("completion_tokens", np.array([[count]], np.int32))])
-                if finished:
-                    self._drain(responses)
+                if reason:  # "stop" or "length" (the generator says "cancelled" only after a stop)
                     return out
                 sender.send(out)
-        except StageError:
-            self._drain(responses)
+                call = _generator_request(self.generator, key, [pb_utils.Tensor("fetch", np.array([[True]]))])
+        except StageError:  # the generator ended the stream with this error
             raise
         except Exception:  # e.g. the client disconnected: free its generator row
-            self._stop(key, responses, iterators)
+            self._stop(key, iterators)
             raise
-        return None
 
-    @staticmethod
-    def _drain(responses) -> None:
-        """Read a generator stream to its end (only a finished iterator is cleaned up by the stub)."""
-        for _ in responses:
-            pass
-
-    def _stop(self, key: str, responses, iterators: list) -> None:
-        stop = pb_utils.InferenceRequest(model_name=self.generator, request_id=key, requested_output_names=[],
-                                         inputs=[pb_utils.Tensor("stop", np.array([[True]]))])
-        acknowledged = stop.exec(decoupled=True)
-        iterators.append(acknowledged)
-        self._drain(acknowledged)
-        for response in responses:  # the generator ends the stream it was feeding
-            if response.has_error():
-                break
-        self._drain(responses)
+    def _stop(self, key: str, iterators: list) -> None:
+        """Stop the generator's row and read its stream to the (cancelled) end, so nothing is left open."""
+        _one_response(_generator_request(self.generator, key, [pb_utils.Tensor("stop", np.array([[True]]))], []),
+                      iterators, check=False)
+        fetch = [pb_utils.Tensor("fetch", np.array([[True]]))]
+        for _ in range(MAX_FETCHES_AFTER_STOP):
+            response = _one_response(_generator_request(self.generator, key, fetch), iterators, check=False)
+            if response is None or response.has_error() or _text(response, "finish_reason", output=True):
+                return
 
     def finalize(self):
         self.workers.shutdown()

@@ -9,6 +9,7 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from gptj_generator.engine import FINISH_REASONS, GenerationRequest  # noqa: E402
 from gptj_generator.loading import load_engine  # noqa: E402
+from gptj_generator.pulled_stream import Chunk, PulledStream, PulledStreams  # noqa: E402
 from gptj_generator.request_inputs import scalar_input, stop_words_input  # noqa: E402
 from gptj_generator.sampling import SamplingParams  # noqa: E402
 from stage_common.errors import BadInput  # noqa: E402
@@ -20,7 +21,7 @@ from stage_common.triton_io import (error_response, input_array, load_model_conf
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
-def parse(request) -> tuple[GenerationRequest, bool]:
+def parse(request) -> tuple[GenerationRequest, bool, bool]:
     ids = input_array(request, "input_ids")
     if ids.ndim != 2 or ids.shape[0] != 1:
         raise BadInput(f"send one prompt per request (input_ids shape {list(ids.shape)})")
@@ -34,7 +35,25 @@ def parse(request) -> tuple[GenerationRequest, bool]:
     max_tokens = int(scalar_input(request, "request_output_len", required=True))
     generation = GenerationRequest(ids[0, :length].tolist(), max_tokens, sampling, stop_words_input(request),
                                    key=request.request_id() or None)
-    return generation, bool(scalar_input(request, "streaming", True))
+    return generation, bool(scalar_input(request, "streaming", True)), bool(scalar_input(request, "pull", False))
+
+
+def ids_response(ids: list[int], reason: str, count: int):
+    return pb_utils.InferenceResponse([pb_utils.Tensor("output_ids", np.array([ids], np.int32)),
+                                       string_tensor("finish_reason", [reason], (1, 1)),
+                                       pb_utils.Tensor("completion_tokens", np.array([[count]], np.int32))])
+
+
+def deliver_chunk(sender, chunk: Chunk) -> None:
+    """A pulled stream's chunk: the one (final) response of the fetch that asked for it."""
+    try:
+        if chunk.error is not None:
+            sender.send(error_response(chunk.error), flags=FINAL)
+        else:
+            reason = FINISH_REASONS[chunk.finish_reason] if chunk.finish_reason else ""
+            sender.send(ids_response(chunk.token_ids, reason, chunk.completion_tokens), flags=FINAL)
+    except Exception:  # noqa: BLE001 - the caller is gone; its stream ends by the abandon timeout
+        pass
 
 
 class ResponseSink:
@@ -49,10 +68,7 @@ class ResponseSink:
         self.count = 0
 
     def _respond(self, ids: list[int], reason: str = "", flags: int = 0) -> None:
-        self.sender.send(pb_utils.InferenceResponse([
-            pb_utils.Tensor("output_ids", np.array([ids], np.int32)),
-            string_tensor("finish_reason", [reason], (1, 1)),
-            pb_utils.Tensor("completion_tokens", np.array([[self.count]], np.int32))]), flags=flags)
+        self.sender.send(ids_response(ids, reason, self.count), flags=flags)
 
     def send(self, token_ids: list[int]) -> None:
         self.count += len(token_ids)
@@ -130,7 +146,8 @@ class TritonPythonModel:
     """Decoupled: input_ids, input_lengths, request_output_len (+ optional sampling inputs, stop_words,
     streaming) -> a stream of output_ids chunks, the last one flagged final. Requests only enqueue
     here; the engine's decode loop batches them per step (continuous batching). stop=true with a
-    request_id stops that request."""
+    request_id stops that request. pull=true: one response (the first chunk), and one per fetch=true
+    request with the same request_id (pulled_stream.py says why)."""
 
     def initialize(self, args):
         config = load_model_config(args)
@@ -144,6 +161,7 @@ class TritonPythonModel:
                                   max_stop_words=config_param(config, "max_stop_words", int, 8),
                                   max_stop_word_chars=config_param(config, "max_stop_word_chars", int, 64),
                                   cancel_poll_seconds=config_param(config, "cancel_poll_seconds", float, 0.0))
+        self.pulled = PulledStreams()
 
     def execute(self, requests):
         for request in requests:
@@ -152,14 +170,30 @@ class TritonPythonModel:
                 if scalar_input(request, "stop", False):
                     self._stop(request, sender)
                     continue
-                generation, streaming = parse(request)
-                self.engine.submit(generation, ResponseSink(request, sender, streaming))
+                if scalar_input(request, "fetch", False):
+                    self.pulled.fetch(request.request_id(), sender)
+                    continue
+                generation, streaming, pull = parse(request)
+                if pull:
+                    self._submit_pulled(generation, sender)
+                else:
+                    self.engine.submit(generation, ResponseSink(request, sender, streaming))
             except Exception as exc:  # noqa: BLE001 - each request fails on its own
                 try:
                     sender.send(error_response(exc), flags=FINAL)
                 except Exception:  # noqa: BLE001 - the client is gone
                     pass
         return None
+
+    def _submit_pulled(self, generation: GenerationRequest, sender) -> None:
+        """The request's own response is its first chunk; its caller fetches the rest (pulled_stream.py)."""
+        stream = PulledStream(deliver_chunk, sender)
+        self.pulled.open(generation.key, stream)
+        try:
+            self.engine.submit(generation, stream)
+        except Exception:
+            self.pulled.close(generation.key)
+            raise
 
     def _stop(self, request, sender) -> None:
         """A request with stop=true ends the running request that has the same request_id (a caller

@@ -1,0 +1,156 @@
+"""Pulled streams (gptj_generator/pulled_stream.py): every call gets exactly one answer, nothing is lost
+or repeated, fetches wait for the loop, an abandoned stream frees its row; and through the real engine
+the fetched ids equal a pushed stream's."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from gptj_generator.engine import GenerationRequest
+from gptj_generator.loading import load_engine
+from gptj_generator.pulled_stream import PulledStream, PulledStreams
+from model_configs import MODEL_REPOSITORY
+from stage_common.errors import BadInput
+
+
+class Senders:
+    """Records every (sender, chunk) delivered; each sender must be answered exactly once."""
+
+    def __init__(self):
+        self.delivered: list[tuple[str, object]] = []
+        self.arrived = threading.Condition()
+
+    def __call__(self, sender, chunk) -> None:
+        with self.arrived:
+            assert sender not in [s for s, _ in self.delivered], f"{sender} answered twice"
+            self.delivered.append((sender, chunk))
+            self.arrived.notify_all()
+
+    def wait_for(self, sender: str, timeout: float = 120):
+        with self.arrived:
+            assert self.arrived.wait_for(lambda: sender in [s for s, _ in self.delivered], timeout)
+            return next(c for s, c in self.delivered if s == sender)
+
+
+def test_the_first_call_waits_for_the_first_chunk_then_fetches_take_everything_since():
+    out = Senders()
+    stream = PulledStream(out, "first")
+    assert out.delivered == []  # nothing released yet: the generation request waits
+    stream.send([1, 2])
+    assert out.wait_for("first").token_ids == [1, 2]
+    stream.send([3])
+    stream.send([4, 5])  # no fetch waiting: both are kept
+    stream.fetch("f1")
+    chunk = out.wait_for("f1")
+    assert (chunk.token_ids, chunk.completion_tokens, chunk.last) == ([3, 4, 5], 5, False)
+    stream.fetch("f2")  # parked until the loop releases more
+    assert [s for s, _ in out.delivered] == ["first", "f1"]
+    stream.finish("length", [6])
+    chunk = out.wait_for("f2")
+    assert (chunk.token_ids, chunk.finish_reason, chunk.completion_tokens, chunk.last) == ([6], "length", 6, True)
+
+
+def test_an_end_with_no_new_ids_is_still_delivered_and_nothing_after_the_last():
+    out = Senders()
+    stream = PulledStream(out, "first")
+    stream.send([1])
+    stream.fetch("f1")
+    stream.finish("stop", [])
+    assert out.wait_for("f1").finish_reason == "stop"
+    stream.finish("cancelled", [])  # a late stop of a finished stream changes nothing
+    assert len(out.delivered) == 2
+
+
+def test_an_error_ends_the_stream_with_that_error():
+    out = Senders()
+    stream = PulledStream(out, "first")
+    stream.fail(RuntimeError("sampling failed"))
+    chunk = out.wait_for("first")
+    assert chunk.last and str(chunk.error) == "sampling failed"
+
+
+def test_a_second_fetch_while_one_waits_is_refused():
+    stream = PulledStream(Senders(), "first")
+    with pytest.raises(BadInput, match="one chunk at a time"):
+        stream.fetch("f1")
+
+
+def test_a_stream_nobody_fetches_is_cancelled_then_forgotten():
+    now = [0.0]
+    out = Senders()
+    stream = PulledStream(out, "first", abandon_after_s=60, clock=lambda: now[0])
+    stream.send([1])
+    out.wait_for("first")
+    assert not stream.cancelled()
+    now[0] = 61.0
+    assert stream.cancelled()  # the engine frees the row
+    stream.finish("cancelled", [])
+    assert stream.abandoned()
+    streams = PulledStreams()
+    streams._streams["old"] = stream
+    streams.open("new", PulledStream(out, "n"))  # opening purges what nobody will fetch
+    assert len(streams) == 1
+
+
+def test_streams_by_key():
+    out = Senders()
+    streams = PulledStreams()
+    with pytest.raises(BadInput, match="request_id"):
+        streams.open("", PulledStream(out, "x"))
+    stream = PulledStream(out, "first")
+    streams.open("k", stream)
+    with pytest.raises(BadInput, match="already names an open stream"):
+        streams.open("k", PulledStream(out, "y"))
+    with pytest.raises(BadInput, match="no open stream"):
+        streams.fetch("other", "f0")
+    stream.send([1])
+    streams.fetch("k", "f1")  # waits
+    stream.finish("length", [])
+    assert out.wait_for("f1").last
+    with pytest.raises(BadInput, match="no open stream"):  # delivered the last chunk: gone
+        streams.fetch("k", "f2")
+
+
+@pytest.fixture(scope="module")
+def engine():
+    torch.set_num_threads(1)
+    engine = load_engine(MODEL_REPOSITORY / "codegen_generator" / "1", max_batch_size=4, max_tokens_limit=512)
+    yield engine
+    engine.close()
+
+
+def pull_all(engine, ids: list[int], max_tokens: int, key: str) -> tuple[list[int], str]:
+    """A caller's loop: the generation request, then one fetch after each answer, to the last."""
+    out = Senders()
+    stream = PulledStream(out, "call-0")
+    engine.submit(GenerationRequest(ids, max_tokens, key=key), stream)
+    got, n = [], 0
+    while True:
+        chunk = out.wait_for(f"call-{n}")
+        assert chunk.error is None
+        got += chunk.token_ids
+        if chunk.last:
+            return got, chunk.finish_reason
+        n += 1
+        stream.fetch(f"call-{n}")
+
+
+def test_through_the_engine_fetched_ids_equal_a_pushed_stream(engine):
+    from test_codegen_engine import Collector
+
+    prompts = [[11, 12, 13], [40, 41], [7]]
+    pushed = [Collector() for _ in prompts]
+    for ids, sink in zip(prompts, pushed):
+        engine.submit(GenerationRequest(ids, 24), sink)
+    results = {}
+    threads = [threading.Thread(target=lambda i=i, ids=ids: results.__setitem__(i, pull_all(engine, ids, 24, f"k{i}")))
+               for i, ids in enumerate(prompts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for i, sink in enumerate(pushed):
+        sink.wait()
+        assert results[i] == (sink.ids, sink.reason)
