@@ -19,6 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from supervisor.canaries import default_canaries  # noqa: E402
 from supervisor.faults import kill_stub  # noqa: E402
 from supervisor.monitor import Supervisor  # noqa: E402
 from supervisor.workload import Load  # noqa: E402
@@ -88,7 +89,9 @@ def main() -> int:
     print(f"soak: starting Triton with {len(shipped_models())} models (log {server.log_file})", flush=True)
     server.start(timeout=600)
     pid = server.process.pid
-    supervisor = Supervisor(pid, server.grpc_url, args.log_dir / "supervisor.json").start()
+    # as `make triton` runs it: the hung-stub canary too (a false alarm under this load would fail requests)
+    supervisor = Supervisor(pid, server.grpc_url, args.log_dir / "supervisor.json",
+                            canaries=default_canaries(server.grpc_url), canary_period_s=10.0).start()
     load = Load(server.grpc_url, PIPELINES, concurrency=args.concurrency, bad_every=args.bad_every)
     kills: list[tuple[float, str, float | None]] = []  # (killed at, stub, healed at)
     tree: set[int] = set()
@@ -144,6 +147,9 @@ def main() -> int:
     injected = {(stub, k) for k, stub, _ in kills}
     print(f"  supervisor events: {len(supervisor.events)}; deaths not injected by the soak: "
           f"{sorted({m for t, e, m in supervisor.events if e == 'death detected' and not any(m == s and abs(t - k) < 5 for s, k in injected)})}")
+    hangs = sorted({m for _, e, m in supervisor.events if e == "hang detected"})
+    print(f"  canary failures: {sum(1 for _, e, _ in supervisor.events if e == 'canary failed')}; "
+          f"hangs healed: {hangs}")
     print(f"  unexpected errors: {len(unexpected)}")
     for o in unexpected[:10]:
         print(f"    {o.pipeline} bad={o.bad} t={o.start - started:.1f}s {o.error[:200] if o.error else 'answered'}")

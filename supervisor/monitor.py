@@ -3,7 +3,11 @@
 Triton 2.51 never restarts a stub, and an explicit-mode load of an unchanged model is a no-op, so the
 supervisor reloads the model with its own current configuration as an override, which Triton always
 applies (new stubs, ~2 s; the ensembles that use the model keep their READY state). Until the model is
-healed, it and the ensembles that use it are written to the state file that the gateway's /health reads."""
+healed, it and the ensembles that use it are written to the state file that the gateway's /health reads.
+
+A hung stub stays alive, so the /proc scan cannot see it: canaries (a call per model that raises when the model
+does not answer) run on their own thread, so that one blocked for its timeout never delays the scan, and a
+model whose canary fails `canary_failures` times in a row is healed like a dead one."""
 from __future__ import annotations
 
 import json
@@ -17,6 +21,7 @@ from supervisor.state import write_state
 from supervisor.stubs import StubTracker, scan_stubs
 
 log = logging.getLogger("supervisor")
+CANARY_FAILED = "canary failed: "  # the reason of a heal that a canary asked for
 ADMIN_HEADER = "triton-admin-key"  # the header that unlocks Triton's restricted model-control API
 GRPC_PREFIX = "triton-grpc-protocol-"  # Triton's gRPC frontend expects restricted headers under this prefix
 
@@ -50,7 +55,8 @@ def ensembles_using(configs: dict[str, dict], model: str) -> set[str]:
 class Supervisor:
     def __init__(self, server_pid: Callable[[], int | None] | int, grpc_url: str, state_file: Path | None,
                  admin_key: str | None = None, period_s: float = 0.25,
-                 canaries: dict[str, Callable[[], None]] | None = None, canary_period_s: float = 5.0, client=None):
+                 canaries: dict[str, Callable[[], None]] | None = None, canary_period_s: float = 5.0,
+                 canary_failures: int = 2, client=None):
         import tritonclient.grpc as grpcclient
 
         self._server_pid = server_pid if callable(server_pid) else (lambda: server_pid)
@@ -60,20 +66,27 @@ class Supervisor:
         self.period_s = period_s
         self.canaries = dict(canaries or {})
         self.canary_period_s = canary_period_s
+        # a single slow answer under load is not a hang: a reload fails every request in flight
+        self.canary_failures = canary_failures
+        self._canary_misses: dict[str, int] = {}  # model -> consecutive canary failures
+        self._canary_heal_failed: dict[str, str] = {}  # model -> reason: its canary's heal failed, retried
         self.tracker = StubTracker()
         self.unhealthy: dict[str, str] = {}
         self.events: list[tuple[float, str, str]] = []  # (unix time, event, model): read by tests and the soak
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._last_canary = 0.0
+        self._canary_thread: threading.Thread | None = None
         self._healing: set[str] = set()
-        self._lock = threading.Lock()  # unhealthy + state file, shared by the heal threads
+        self._lock = threading.Lock()  # unhealthy, _healing and the state file, shared by the threads
         self._publish()
 
     # -- life cycle
     def start(self) -> "Supervisor":
         self._thread = threading.Thread(target=self._run, name="supervisor", daemon=True)
         self._thread.start()
+        if self.canaries:
+            self._canary_thread = threading.Thread(target=self._run_canaries, name="supervisor-canaries", daemon=True)
+            self._canary_thread.start()
         return self
 
     def request_stop(self) -> None:
@@ -84,6 +97,8 @@ class Supervisor:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(30)
+        if self._canary_thread is not None:
+            self._canary_thread.join(5)  # a canary in flight may wait for its timeout: a daemon, not waited for
         deadline = time.monotonic() + 60
         while self._healing and time.monotonic() < deadline:  # a reload in flight finishes first
             time.sleep(0.1)
@@ -97,6 +112,15 @@ class Supervisor:
                 log.debug("supervisor: check failed: %s", exc)
             self._stop.wait(self.period_s)
 
+    def _run_canaries(self) -> None:
+        next_round = time.monotonic() + self.canary_period_s
+        while not self._stop.wait(max(0.0, next_round - time.monotonic())):
+            next_round = time.monotonic() + self.canary_period_s  # start to start: a failing round takes longer
+            try:
+                self.check_canaries_once()
+            except Exception as exc:
+                log.debug("supervisor: canary round failed: %s", exc)
+
     # -- one round
     def ready_models(self) -> set[str]:
         index = self.client.get_model_repository_index(headers=self.headers, as_json=True).get("models", [])
@@ -108,43 +132,67 @@ class Supervisor:
             return
         ready = self.ready_models()
         deaths = self.tracker.update(scan_stubs(pid), ready)
-        now = time.monotonic()
-        if self.canaries and now - self._last_canary >= self.canary_period_s:
-            self._last_canary = now
-            deaths.update(self._run_canaries(ready))
         if deaths:
             ready = self.ready_models()  # re-check: an unload in progress is not a death
             for model, reason in deaths.items():
-                if model in ready and model not in self._healing and not self._stop.is_set():
-                    # one thread per heal: a slow reload (the generator) must not delay another model's
-                    self._healing.add(model)
-                    threading.Thread(target=self._heal_in_background, args=(model, reason, ready),
-                                     name=f"heal-{model}", daemon=True).start()
+                self._start_heal(model, reason, ready)
+
+    def check_canaries_once(self) -> None:
+        """One round of canaries (the canary thread's): each READY model's that is neither unhealthy nor being
+        healed; the `canary_failures`-th failure in a row heals the model."""
+        ready = self.ready_models()
+        for model, canary in self.canaries.items():
+            if self._stop.is_set():
+                return
+            if model not in ready or model in self._healing:
+                self._canary_misses.pop(model, None)
+                continue
+            if model in self._canary_heal_failed:  # retried each round, as a death is on each scan
+                self._start_heal(model, self._canary_heal_failed[model], ready)
+                continue
+            if model in self.unhealthy:  # dead, or a step of it is: healed by the scan
+                self._canary_misses.pop(model, None)
+                continue
+            try:
+                canary()
+            except Exception as exc:
+                misses = self._canary_misses[model] = self._canary_misses.get(model, 0) + 1
+                self._event("canary failed", model, f"({misses}/{self.canary_failures}) {str(exc)[:200]}")
+                if misses >= self.canary_failures:
+                    self._canary_misses.pop(model, None)
+                    # re-check: an unload in progress is not a hang
+                    self._start_heal(model, CANARY_FAILED + str(exc)[:200], self.ready_models())
+            else:
+                self._canary_misses.pop(model, None)
+
+    def _start_heal(self, model: str, reason: str, ready: set[str]) -> None:
+        with self._lock:  # the scan and the canaries may both ask
+            if model not in ready or model in self._healing or self._stop.is_set():
+                return
+            self._healing.add(model)
+        # one thread per heal: a slow reload (the generator) must not delay another model's
+        threading.Thread(target=self._heal_in_background, args=(model, reason, ready),
+                         name=f"heal-{model}", daemon=True).start()
 
     def _heal_in_background(self, model: str, reason: str, ready: set[str]) -> None:
+        healed = False
         try:
-            self.heal(model, reason, ready)
+            healed = self.heal(model, reason, ready)
         except Exception as exc:
             self._event("reload failed", model, str(exc)[:300])
         finally:
+            if healed:
+                self._canary_heal_failed.pop(model, None)
+            elif reason.startswith(CANARY_FAILED):  # nothing else reports a hang again: the canary thread retries
+                self._canary_heal_failed[model] = reason
             self._healing.discard(model)
-
-    def _run_canaries(self, ready: set[str]) -> dict[str, str]:
-        failed = {}
-        for model, canary in self.canaries.items():
-            if model in ready and model not in self.unhealthy:
-                try:
-                    canary()
-                except Exception as exc:
-                    failed[model] = f"canary failed: {str(exc)[:200]}"
-        return failed
 
     def config(self, model: str) -> dict:
         return self.client.get_model_config(model, as_json=True)["config"]
 
     def heal(self, model: str, reason: str, ready: set[str]) -> bool:
         started = time.time()
-        self._event("death detected", model, reason)
+        self._event("hang detected" if reason.startswith(CANARY_FAILED) else "death detected", model, reason)
         configs = {m: self.config(m) for m in ready}  # fresh: the gateway may have reloaded some
         affected = {model, *ensembles_using(configs, model)}
         with self._lock:

@@ -61,11 +61,13 @@ def pipelines() -> dict[str, Pipeline]:
     }
 
 
-def stream_call(client: grpcclient.InferenceServerClient, model: str, inputs, timeout: float = 60.0) -> None:
+def stream_call(client: grpcclient.InferenceServerClient, model: str, inputs, timeout: float = 60.0,
+                headers: dict[str, str] | None = None):
+    """One streamed request: its final response (`timeout` bounds the wait for each response)."""
     import queue
 
     events: queue.Queue = queue.Queue()
-    client.start_stream(callback=lambda result, error: events.put((result, error)))
+    client.start_stream(callback=lambda result, error: events.put((result, error)), headers=headers)
     answered = False
     try:
         client.async_stream_infer(model, inputs, enable_empty_final_response=True)
@@ -75,7 +77,7 @@ def stream_call(client: grpcclient.InferenceServerClient, model: str, inputs, ti
             if error is not None:
                 raise error
             if answered:
-                return
+                return result
     finally:
         # cancel only what is unanswered (a timeout): tritonclient's cancel leaves the gRPC thread that feeds
         # the request stream blocked forever (one leaked thread per call: 28,000 in a 30-minute soak)

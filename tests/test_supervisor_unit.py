@@ -112,9 +112,11 @@ class FakeTriton:
         }
         self.loads: list[tuple] = []
         self.fail_loads = fail_loads
+        self.not_ready: set[str] = set()
 
     def get_model_repository_index(self, as_json, headers=None):
-        return {"models": [{"name": n, "state": "READY"} for n in self.configs]}
+        return {"models": [{"name": n, "state": "UNAVAILABLE" if n in self.not_ready else "READY"}
+                           for n in self.configs]}
 
     def get_model_config(self, model, as_json):
         return {"config": self.configs[model]}
@@ -157,21 +159,134 @@ def test_heal_reports_the_model_and_its_ensembles_then_reloads_with_a_config_ove
                                                     "death detected", "reload started", "healed"]
 
 
-def test_a_failing_canary_reloads_its_model(tmp_path, monkeypatch):
+def wait_for(condition, timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+
+def canary_supervisor(tmp_path, monkeypatch, canaries, **kwargs):
     from supervisor import monitor
     from supervisor.monitor import Supervisor
 
     monkeypatch.setattr(monitor, "scan_stubs", lambda pid: {"enc_0_0": 5})
+    fake = FakeTriton()
+    return fake, Supervisor(1, "unused", tmp_path / "s.json", client=fake, canaries=canaries, **kwargs)
+
+
+def healed(supervisor, model="enc") -> bool:
+    return any(e == "healed" and m == model for _, e, m in supervisor.events)
+
+
+def test_a_failing_canary_reloads_its_model(tmp_path, monkeypatch):
+    calls = []
 
     def hung():
+        calls.append(1)
         raise TimeoutError("no answer in 10 s")
 
-    fake = FakeTriton()
-    supervisor = Supervisor(1, "unused", tmp_path / "s.json", client=fake, canaries={"enc": hung}, canary_period_s=0)
+    fake, supervisor = canary_supervisor(tmp_path, monkeypatch, {"enc": hung}, canary_period_s=0)
     supervisor.check_once()
-    for _ in range(100):  # heals run in their own thread
-        if any(e == "healed" for _, e, _ in supervisor.events):
-            break
-        time.sleep(0.02)
+    assert calls == []  # the scan runs no canary: its own thread does
+    supervisor.check_canaries_once()
+    supervisor.check_canaries_once()
+    assert wait_for(lambda: healed(supervisor))  # heals run in their own thread
     assert [m for m, _, _ in fake.loads] == ["enc"]
-    assert any(e == "healed" and m == "enc" for _, e, m in supervisor.events)
+    assert any(e == "hang detected" and m == "enc" for _, e, m in supervisor.events)
+
+
+def test_one_canary_failure_does_not_reload_two_in_a_row_do_and_a_success_resets_the_count(tmp_path, monkeypatch):
+    answers = []  # what the canary does on each call: True answers, False fails
+
+    def canary():
+        if not answers.pop(0):
+            raise TimeoutError("slow")
+
+    fake, supervisor = canary_supervisor(tmp_path, monkeypatch, {"enc": canary})
+    answers += [False, True, False]
+    for _ in range(3):
+        supervisor.check_canaries_once()
+    time.sleep(0.2)  # a heal would have started a thread by now
+    assert fake.loads == [] and not supervisor._healing and "enc" not in supervisor.unhealthy
+    answers += [False]  # the second failure in a row
+    supervisor.check_canaries_once()
+    assert wait_for(lambda: healed(supervisor))
+    assert [m for m, _, _ in fake.loads] == ["enc"]
+    answers += [False]  # the count restarted after the heal
+    supervisor.check_canaries_once()
+    time.sleep(0.2)
+    assert [m for m, _, _ in fake.loads] == ["enc"] and answers == []
+
+
+def test_a_hang_whose_reload_failed_is_reloaded_again_on_the_next_canary_round(tmp_path, monkeypatch):
+    calls = []
+
+    def hung():
+        calls.append(1)
+        raise TimeoutError("no answer")
+
+    fake, supervisor = canary_supervisor(tmp_path, monkeypatch, {"enc": hung})
+    fake.fail_loads = 1
+    supervisor.check_canaries_once()
+    supervisor.check_canaries_once()
+    assert wait_for(lambda: any(e == "reload failed" for _, e, _ in supervisor.events) and not supervisor._healing)
+    assert "enc" in supervisor.unhealthy  # nothing else would report the hang again: the canary round retries
+    supervisor.check_canaries_once()
+    assert wait_for(lambda: healed(supervisor))
+    assert len(calls) == 2 and [m for m, _, _ in fake.loads] == ["enc", "enc"] and not supervisor.unhealthy
+
+
+def test_canaries_skip_models_not_ready_unhealthy_or_being_healed(tmp_path, monkeypatch):
+    calls = []
+
+    def canary():
+        calls.append(1)
+        raise TimeoutError("no answer")
+
+    fake, supervisor = canary_supervisor(tmp_path, monkeypatch, {"enc": canary})
+    fake.not_ready.add("enc")
+    supervisor.check_canaries_once()
+    fake.not_ready.clear()
+    supervisor.unhealthy["enc"] = "stub process 5 of 'enc_0_0' died"
+    supervisor.check_canaries_once()
+    supervisor.unhealthy.clear()
+    supervisor._healing.add("enc")
+    supervisor.check_canaries_once()
+    assert calls == [] and fake.loads == []
+    supervisor._healing.clear()
+    supervisor.check_canaries_once()
+    assert calls == [1] and fake.loads == []
+
+
+def test_a_blocked_canary_does_not_delay_the_healing_of_a_dead_stub(tmp_path, monkeypatch):
+    import threading
+
+    from supervisor import monitor
+    from supervisor.monitor import Supervisor
+
+    stubs = {"enc_0_0": 5}
+    monkeypatch.setattr(monitor, "scan_stubs", lambda pid: dict(stubs))
+    fake = FakeTriton()
+    load = fake.load_model
+    fake.load_model = lambda *a, **k: (load(*a, **k), stubs.update({"enc_0_0": 6}))  # the reload's new stub
+    entered, release, returned = threading.Event(), threading.Event(), threading.Event()
+
+    def blocked():  # a canary waiting for its timeout
+        entered.set()
+        release.wait(30)
+        returned.set()
+
+    supervisor = Supervisor(1, "unused", tmp_path / "s.json", client=fake, period_s=0.02,
+                            canaries={"emb": blocked}, canary_period_s=0.05).start()
+    try:
+        assert entered.wait(20)
+        stubs.clear()  # kill -9
+        assert wait_for(lambda: healed(supervisor)), supervisor.events
+        assert not returned.is_set()  # healed while the canary was still blocked
+        assert [m for m, _, _ in fake.loads] == ["enc"]
+    finally:
+        release.set()
+        supervisor.stop()

@@ -217,7 +217,8 @@ def main() -> int:
 
     data_dir = args.data_dir.resolve()
     from supervisor.exposure import admin_key, restricted_api_args, restriction_required
-    from supervisor.monitor import Supervisor
+    from supervisor.canaries import default_canaries
+    from supervisor.monitor import Supervisor, admin_headers
     import logging
 
     logging.basicConfig(format="%(asctime)s %(message)s", level=logging.INFO)  # the supervisor's events
@@ -265,7 +266,11 @@ def main() -> int:
     command = " ".join(server.command())
     print("triton: starting " + (command.replace(key, "<TRITON_ADMIN_KEY>") if key else command), flush=True)
     server.start()
-    supervisor = Supervisor(lambda: server.process and server.process.pid, server.grpc_url, state_file, key).start()
+    # a hung stub stays alive: a canary per BLS front served (only the gateway's own models load later)
+    canaries = {model: canary for model, canary in default_canaries(server.grpc_url, admin_headers(key)).items()
+                if model in server.explicit_models}
+    supervisor = Supervisor(lambda: server.process and server.process.pid, server.grpc_url, state_file, key,
+                            canaries=canaries, canary_period_s=10.0).start()
     try:
         if gateway is not None and not signals_seen:
             gateway.start()
