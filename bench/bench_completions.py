@@ -47,15 +47,34 @@ class Timing:
     span: float
     tokens: int
     total: float
+    t0: float = 0.0  # perf_counter() when it was sent
+
+    def tokens_between(self, start: float, end: float) -> float:
+        """Tokens that arrived in [start, end]: the first at the first piece, the rest spread evenly
+        to the last piece (a request's tokens count for the part of it inside the window, so a long
+        request ending just after the window is not lost, nor one ending inside it counted whole)."""
+        first = self.t0 + self.ttft
+        last = first + self.span
+        count = float(start <= first <= end)
+        if self.tokens > 1:
+            if self.span > 0:
+                overlap = max(0.0, min(end, last) - max(start, first))
+                count += (self.tokens - 1) * overlap / self.span
+            else:
+                count += (self.tokens - 1) * float(start <= last <= end)
+        return count
 
 
 @dataclass
 class StreamLoad(LoadResult):
-    timings: list[Timing] = field(default_factory=list)
+    timings: list[Timing] = field(default_factory=list)  # requests that ended inside the window
+    every: list[Timing] = field(default_factory=list)  # every request sent, for tokens inside the window
+    window_from: float = 0.0
 
     @property
     def tokens_per_s(self) -> float:
-        return sum(t.tokens for t in self.timings) / self.seconds
+        end = self.window_from + self.seconds
+        return sum(t.tokens_between(self.window_from, end) for t in self.every) / self.seconds
 
     def ttft_ms(self, p: float) -> float:
         return _percentile([t.ttft for t in self.timings], p) * 1e3
@@ -76,10 +95,12 @@ OneRequest = Callable[[str, int], Awaitable[Timing]]
 
 
 async def _closed_loop(one: OneRequest, max_tokens: int, concurrency: int, warmup: float,
-                       window: float) -> tuple[list[Timing], int, str]:
-    """As bench/perf.py counts: every request that ends inside the window counts."""
+                       window: float) -> tuple[list[Timing], list[Timing], float, int, str]:
+    """As bench/perf.py counts: every request that ends inside the window counts (requests/s, latency);
+    tokens/s counts the tokens that arrived inside it, from every request (Timing.tokens_between)."""
     prompts = itertools.cycle(PROMPTS)
     timings: list[Timing] = []
+    every: list[Timing] = []
     errors, first_error = 0, ""
     start = time.perf_counter()
     measure_from, measure_to = start + warmup, start + warmup + window
@@ -89,6 +110,7 @@ async def _closed_loop(one: OneRequest, max_tokens: int, concurrency: int, warmu
         while time.perf_counter() < measure_to:
             try:
                 timing = await one(next(prompts), max_tokens)
+                every.append(timing)
             except Exception as e:  # noqa: BLE001 - counted and reported, the load goes on
                 timing, first_error = None, first_error or f"{type(e).__name__}: {e}"
             if measure_from <= time.perf_counter() <= measure_to:
@@ -98,7 +120,7 @@ async def _closed_loop(one: OneRequest, max_tokens: int, concurrency: int, warmu
                     timings.append(timing)
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return timings, errors, first_error
+    return timings, every, measure_from, errors, first_error
 
 
 def grpc_request(engine: TritonEngine) -> OneRequest:
@@ -117,7 +139,7 @@ def grpc_request(engine: TritonEngine) -> OneRequest:
             tokens = int(counted.reshape(-1)[0]) if counted is not None else tokens
         end = time.perf_counter()
         first, last = first or end, last or end
-        return Timing(first - t0, last - first, tokens or pieces, end - t0)
+        return Timing(first - t0, last - first, tokens or pieces, end - t0, t0)
     return one
 
 
@@ -147,7 +169,7 @@ def http_request(session: aiohttp.ClientSession, url: str) -> OneRequest:
                     tokens = event["usage"]["completion_tokens"]
         end = time.perf_counter()
         first, last = first or end, last or end
-        return Timing(first - t0, last - first, tokens or pieces, end - t0)
+        return Timing(first - t0, last - first, tokens or pieces, end - t0, t0)
     return one
 
 
@@ -156,21 +178,22 @@ async def _measure(label: str, grpc_url: str, gateway_url: str | None, max_token
     if gateway_url is None:
         engine = TritonEngine(grpc_url)
         try:
-            timings, errors, first_error = await _closed_loop(grpc_request(engine), max_tokens, concurrency,
+            timings, every, window_from, errors, first_error = await _closed_loop(grpc_request(engine), max_tokens, concurrency,
                                                               warmup, window)
         finally:
             await engine.close()
     else:
         connector = aiohttp.TCPConnector(limit=concurrency)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
-            timings, errors, first_error = await _closed_loop(http_request(session, gateway_url), max_tokens,
+            timings, every, window_from, errors, first_error = await _closed_loop(http_request(session, gateway_url), max_tokens,
                                                               concurrency, warmup, window)
-    return StreamLoad(label, concurrency, window, [t.total for t in timings], errors, 1, first_error, {}, timings)
+    return StreamLoad(label, concurrency, window, [t.total for t in timings], errors, 1, first_error, {}, timings,
+                      every, window_from)
 
 
 def window_for(max_tokens: int, concurrency: int, window: float) -> float:
-    """Long enough for several whole requests (only requests that end inside the window count)."""
-    return max(window, 3 * STEP_SECONDS * max_tokens * (1 + concurrency / 8))
+    """Long enough for several whole requests (requests/s and latency count those that end inside it)."""
+    return max(window, 5 * STEP_SECONDS * max_tokens * (1 + concurrency / 8))
 
 
 def row(result: StreamLoad, max_tokens: int) -> str:

@@ -10,8 +10,9 @@ from gateway.settings import Settings
 def main() -> None:
     configure_logging()
     settings = Settings.from_env()
+    # loop/http "auto": uvloop and httptools (requirements.txt) where installed, asyncio and h11 elsewhere
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning",
-                access_log=False, timeout_graceful_shutdown=30)
+                access_log=False, timeout_graceful_shutdown=30, loop="auto", http="auto")
 
 
 if __name__ == "__main__":
