@@ -50,5 +50,7 @@ deploy-check: setup model
 clean:
 	find model_repository -mindepth 3 -maxdepth 3 -path '*/[0-9]*/*' ! -name .gitkeep -exec rm -rf {} +
 
+# The configuration matrix vs the FastAPI peer: bench-results/<date>/report.md + plots, and README's sweep section.
+SWEEP_ARGS ?= --readme
 sweep: setup model
 	@$(PY) bench/sweep.py $(SWEEP_ARGS)

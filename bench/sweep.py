@@ -1,7 +1,8 @@
 """`make sweep`: each pipeline under seed 004's configuration matrix (dynamic batching on/off x instance
 count 1/2 x max batch size x torch/ONNX Runtime where the stage has both), at concurrency 1, 8, 32,
-next to the FastAPI peer and the in-process limit measured in the same run. Writes
-bench-results/<date>/report.md (tables: req/s, p50/p95, served/limit, served/peer, RSS) and PNG plots.
+next to the FastAPI peer and the in-process limit measured in the same run, and the shipped configuration
+itself. Writes bench-results/<date>/report.md (tables: req/s, p50/p95, served/limit, served/peer, RSS) and
+PNG plots; --readme rewrites README.md's generated sweep section from the same figures.
 
     python bench/sweep.py --pipelines text_embedding --window 5
 """
@@ -107,11 +108,16 @@ def config_json(model: str, variant: Variant, vary_instances: bool) -> str:
     return json.dumps(config)
 
 
-def load_variant(client, pipeline: Pipeline, variant: Variant) -> None:
+SHIPPED = "shipped"  # the configs in model_repository/, measured as they are
+
+
+def load_variant(client, pipeline: Pipeline, variant: Variant | None) -> None:
+    """A configuration of the matrix, or (None) the shipped one."""
     steps = [s.model_name for s in parse_config(pipeline.ensemble).ensemble_scheduling.step]
     for step in steps:
-        client.load_model(step, config=config_json(step, variant, step == pipeline.stage))
-    client.load_model(pipeline.ensemble, config=config_json(pipeline.ensemble, variant, False))
+        client.load_model(step, config=None if variant is None else config_json(step, variant, step == pipeline.stage))
+    client.load_model(pipeline.ensemble,
+                      config=None if variant is None else config_json(pipeline.ensemble, variant, False))
 
 
 def unload(client, pipeline: Pipeline) -> None:
@@ -184,7 +190,7 @@ def plot(rows: list[dict], peer: dict, pipeline: str, out_dir: Path) -> list[str
     return files
 
 
-def sweep_pipeline(name: str, args, out_dir: Path) -> str:
+def sweep_pipeline(name: str, args, out_dir: Path) -> tuple[str, list[dict]]:
     import tritonclient.grpc as grpcclient
 
     pipeline = PIPELINES[name]()
@@ -202,16 +208,17 @@ def sweep_pipeline(name: str, args, out_dir: Path) -> str:
     with TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), explicit_models=[],
                       log_file=log) as server:
         client = grpcclient.InferenceServerClient(server.grpc_url)
-        for variant in variants:
+        for variant in [None] + variants:
             load_variant(client, pipeline, variant)
+            label = SHIPPED if variant is None else variant.name
             for c in CONCURRENCY:
                 result = run_load(server.grpc_url, pipeline.ensemble, text_inputs_factory(items, pipeline.input_name),
                                   c, args.window, args.warmup)
                 rss, _, _ = memory_mib(server.process.pid)
-                rows.append({"variant": variant.name, "concurrency": c, "rps": result.throughput,
+                rows.append({"variant": label, "concurrency": c, "rps": result.throughput,
                              "p50_ms": result.percentile(50) * 1e3, "p95_ms": result.percentile(95) * 1e3,
                              "errors": result.errors, "rss_mib": rss})
-                print(f"  {variant.name} c{c}: {result.throughput:.1f}/s p50 {rows[-1]['p50_ms']:.1f} ms "
+                print(f"  {label} c{c}: {result.throughput:.1f}/s p50 {rows[-1]['p50_ms']:.1f} ms "
                       f"p95 {rows[-1]['p95_ms']:.1f} ms", flush=True)
             unload(client, pipeline)
     plots = plot(rows, peer, name, out_dir)
@@ -227,7 +234,37 @@ def sweep_pipeline(name: str, args, out_dir: Path) -> str:
     lines += ["", "Best configuration per concurrency: " + ", ".join(
         f"c{c}: {b['variant']} ({b['rps']:.1f}/s)" for c, b in best.items()), ""]
     lines += [f"![{p}]({p})" for p in plots] + [""]
-    return "\n".join(lines)
+    shipped = {r["concurrency"]: r for r in rows if r["variant"] == SHIPPED}
+    summary = [{"pipeline": name, "concurrency": c, "shipped_rps": shipped[c]["rps"], "shipped_p50_ms": shipped[c]["p50_ms"],
+                "best": best[c]["variant"], "best_rps": best[c]["rps"], "peer_rps": peer[c].throughput,
+                "peer_p50_ms": peer[c].percentile(50) * 1e3, "limit": limit} for c in CONCURRENCY]
+    return "\n".join(lines), summary
+
+
+def summary_table(summary: list[dict]) -> list[str]:
+    """The README's table: the shipped configuration against the sweep's best one, the peer and the limit."""
+    lines = ["| pipeline | concurrency | shipped req/s, p50 | best configuration (req/s) | shipped/best | FastAPI peer "
+             "req/s, p50 | shipped/peer | p50 shipped/peer | served/limit |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in summary:
+        lines.append(f"| {r['pipeline']} | {r['concurrency']} | {r['shipped_rps']:.1f}, {r['shipped_p50_ms']:.1f} ms | "
+                     f"{r['best']} ({r['best_rps']:.1f}) | {r['shipped_rps'] / max(r['best_rps'], 1e-9):.2f} | "
+                     f"{r['peer_rps']:.1f}, {r['peer_p50_ms']:.1f} ms | {r['shipped_rps'] / max(r['peer_rps'], 1e-9):.2f}x | "
+                     f"{r['shipped_p50_ms'] / max(r['peer_p50_ms'], 1e-9):.2f} | {r['shipped_rps'] / max(r['limit'], 1e-9):.2f} |")
+    return lines
+
+
+README_BEGIN, README_END = "<!-- sweep:begin (bench/sweep.py --readme writes this) -->", "<!-- sweep:end -->"
+
+
+def write_readme(readme: Path, report: Path, summary: list[dict], header: str) -> None:
+    """Replace the README's generated sweep section (between the markers) with this run's summary."""
+    text = readme.read_text()
+    if README_BEGIN not in text or README_END not in text:
+        raise SystemExit(f"{readme} has no {README_BEGIN} ... {README_END} section")
+    body = [README_BEGIN, "", header + f" Full tables and plots: `{report.relative_to(ROOT)}` (not committed: "
+            "`bench-results/` is ignored; rerun `make sweep`).", ""] + summary_table(summary) + ["", README_END]
+    start, end = text.index(README_BEGIN), text.index(README_END) + len(README_END)
+    readme.write_text(text[:start] + "\n".join(body) + text[end:])
 
 
 def main() -> int:
@@ -236,16 +273,23 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=1.5)
     parser.add_argument("--quick", action="store_true", help="two configurations only (smoke run)")
+    parser.add_argument("--readme", action="store_true", help="rewrite README.md's generated sweep section")
     args = parser.parse_args()
     out_dir = ROOT / "bench-results" / datetime.date.today().isoformat()
     out_dir.mkdir(parents=True, exist_ok=True)
-    sections = [sweep_pipeline(name, args, out_dir) for name in args.pipelines]
+    results = [sweep_pipeline(name, args, out_dir) for name in args.pipelines]
+    summary = [row for _, rows in results for row in rows]
     report = out_dir / "report.md"
-    report.write_text(f"# make sweep, {datetime.datetime.now():%Y-%m-%d %H:%M}\n\nWindow {args.window:g} s per point "
-                      f"(warm-up {args.warmup:g} s), one run on this machine. Configurations: dynamic batching "
-                      "(db: on, queue delay 0; nodb: off) x instances of the main stage x max batch size x runtime.\n\n"
-                      + "\n".join(sections))
+    header = (f"`make sweep`, {datetime.datetime.now():%Y-%m-%d %H:%M}: window {args.window:g} s per point (warm-up "
+              f"{args.warmup:g} s), one run on this machine. Configurations: `{SHIPPED}` (model_repository/ as it is), "
+              "then dynamic batching (db: on, queue delay 0; nodb: off) x instances of the main stage x max batch "
+              "size x runtime.")
+    report.write_text(f"# make sweep\n\n{header}\n\n" + "\n".join(summary_table(summary)) + "\n\n"
+                      + "\n".join(section for section, _ in results))
     print(f"sweep: wrote {report}")
+    if args.readme:
+        write_readme(ROOT / "README.md", report, summary, header)
+        print("sweep: README.md's sweep section rewritten")
     return 0
 
 
