@@ -33,18 +33,20 @@ def photos(n: int = 32, seed: int = 0) -> list[bytes]:
     return out
 
 
-def stage_code():
-    """preprocess -> classifier -> captioner called directly, as the served stages run them."""
+def stage_code(classifier_runtime: str = "onnx"):
+    """preprocess -> classifier -> captioner called directly, as the served stages run them (the
+    classifier on ONNX Runtime, as shipped, or torch)."""
     import torch
     from blip_captioner.captioner import BlipCaptioner
-    from image_classifier.classifier import ImageClassifier
+    from image_classifier.classifier import make_classifier
     from image_preprocess.preprocess import FoodImagePreprocessor
 
     folder = MODEL_REPOSITORY / "food_captioning_preprocess" / "1"
     preprocess = FoodImagePreprocessor(folder / "classifier_preprocessor_config.json",
                                        folder / "blip_preprocessor_config.json",
                                        float(parameter("food_captioning_preprocess", "max_megapixels")))
-    classifier = ImageClassifier(MODEL_REPOSITORY / "food_captioning_classifier" / "1", torch.device("cpu"))
+    classifier = make_classifier(MODEL_REPOSITORY / "food_captioning_classifier" / "1", classifier_runtime,
+                                 torch.get_num_threads())
     captioner = BlipCaptioner(MODEL_REPOSITORY / "food_captioning_captioner" / "1", torch.device("cpu"),
                               parameter("food_captioning_captioner", "prompt_template"),
                               int(parameter("food_captioning_captioner", "max_new_tokens")),

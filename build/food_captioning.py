@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from build.common import ROOT, Progress, seed_everything, version_dir
+from build.onnx_export import export_image_classifier
 
 BLIP_HUB_ID = "Salesforce/blip-image-captioning-base"
 CLASSIFIER_ENV = "FOOD11_CLASSIFIER"
@@ -133,12 +134,15 @@ def hub_captioner():
 
 
 def build(profile: str) -> None:
-    progress = Progress("food_captioning", 3)
+    progress = Progress("food_captioning", 4)
     with progress.step(f"classifier -> food_captioning_classifier/1/ ({profile})"):
         model, image_processor = demo_classifier() if profile == "demo" else hub_classifier()
         classifier_dir = version_dir("food_captioning_classifier")
         model.save_pretrained(classifier_dir)
         image_processor.save_pretrained(classifier_dir)
+    with progress.step("classifier -> food_captioning_classifier/1/model.onnx (ONNX Runtime path)"):
+        diff = export_image_classifier(classifier_dir, classifier_dir / "model.onnx")
+        print(f"  model.onnx: max abs difference of the logits to torch {diff:.1e}", flush=True)
     with progress.step(f"captioner -> food_captioning_captioner/1/ ({profile})"):
         captioner_dir = version_dir("food_captioning_captioner")
         model, processor = demo_captioner() if profile == "demo" else hub_captioner()

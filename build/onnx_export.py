@@ -62,3 +62,45 @@ def export_encoder(model_dir: Path, out_path: Path, tolerance: float = 1e-4) -> 
         out_path.unlink(missing_ok=True)
         raise SystemExit(f"{out_path}: ONNX differs from torch by {diff:.2e} (> {tolerance:.0e})")
     return diff
+
+
+def export_image_classifier(model_dir: Path, out_path: Path, tolerance: float = 1e-4) -> float:
+    """model_dir (transformers image-classification folder) -> out_path (ONNX: pixel_values [batch, 3,
+    height, width] -> logits [batch, classes]). Returns the max abs difference of the logits to torch on
+    two probe sizes (the export's dynamic axes must hold for sizes other than the traced one)."""
+    import onnxruntime as ort
+    import torch
+    from transformers import AutoModelForImageClassification
+
+    def load():
+        return AutoModelForImageClassification.from_pretrained(str(model_dir)).eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, pixel_values):
+            return self.model(pixel_values=pixel_values).logits
+
+    reference_model = load()
+    size = reference_model.config.image_size if hasattr(reference_model.config, "image_size") else 224
+    rng = np.random.default_rng(0)
+    probes = [rng.standard_normal((3, 3, size, size)).astype(np.float32),
+              rng.standard_normal((2, 3, size + 32, size - 32)).astype(np.float32)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Logits(load()), (torch.from_numpy(probes[0]),), str(out_path),
+                          input_names=["pixel_values"], output_names=["logits"],
+                          dynamic_axes={"pixel_values": {0: "batch", 2: "height", 3: "width"}, "logits": {0: "batch"}},
+                          opset_version=OPSET, dynamo=False)
+    session = ort.InferenceSession(str(out_path), providers=["CPUExecutionProvider"])
+    diff = 0.0
+    for pixels in probes:
+        with torch.inference_mode():
+            reference = reference_model(pixel_values=torch.from_numpy(pixels)).logits.numpy()
+        diff = max(diff, float(np.abs(session.run(None, {"pixel_values": pixels})[0] - reference).max()))
+    if not diff <= tolerance:
+        out_path.unlink(missing_ok=True)
+        raise SystemExit(f"{out_path}: ONNX differs from torch by {diff:.2e} (> {tolerance:.0e})")
+    return diff

@@ -10,6 +10,8 @@ from typing import Callable
 
 import numpy as np
 
+from stage_common.onnx_runtime import onnx_session
+
 ONNX_FILE = "model.onnx"
 
 
@@ -84,22 +86,6 @@ def torch_forward(model_dir: Path, device, threads: int | None = None):
         return out.last_hidden_state.float().cpu().numpy()
 
     return forward, model.config.hidden_size
-
-
-def onnx_session(path: Path, threads: int, use_cuda: bool = False, device_id: int = 0):
-    """An ONNX Runtime session with a fixed intra-op thread count (CUDA provider when asked and present)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = max(1, threads)
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    # idle pool threads must not spin: other instances and stages need the cores between executions
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    providers = ["CPUExecutionProvider"]
-    if use_cuda and "CUDAExecutionProvider" in ort.get_available_providers():
-        providers.insert(0, ("CUDAExecutionProvider", {"device_id": device_id}))
-    return ort.InferenceSession(str(path), options, providers=providers)
 
 
 def onnx_forward(model_dir: Path, threads: int, use_cuda: bool = False, device_id: int = 0):
