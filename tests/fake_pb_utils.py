@@ -38,15 +38,59 @@ class Tensor:
 class InferenceRequest:
     """Test-side request: built from {name: array}; mirrors the server-side request API."""
 
-    def __init__(self, inputs: dict[str, np.ndarray] | None = None, **_):
+    def __init__(self, inputs: dict[str, np.ndarray] | None = None, request_id: str = "", **_):
         self._inputs = {k: Tensor(k, v) for k, v in (inputs or {}).items()}
         self.cancelled = False
+        self._request_id = request_id
+        self.sender = ResponseSender()
+
+    def request_id(self) -> str:
+        return self._request_id
+
+    def get_response_sender(self) -> "ResponseSender":
+        return self.sender
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs.values())
 
     def is_cancelled(self) -> bool:
         return self.cancelled
+
+
+class ResponseSender:
+    """A decoupled model's sender: records (response, flags); `answered` is set by the final flag."""
+
+    def __init__(self):
+        import threading
+
+        self.sent: list[tuple["InferenceResponse | None", int]] = []
+        self.answered = threading.Event()
+
+    def send(self, response: "InferenceResponse | None" = None, flags: int = 0) -> None:
+        self.sent.append((response, flags))
+        if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            self.answered.set()
+
+
+class MetricFamily:
+    COUNTER, GAUGE = "counter", "gauge"
+
+    def __init__(self, name: str, description: str, kind: str):
+        self.name = name
+
+    def Metric(self, labels: dict | None = None) -> "_Metric":
+        return _Metric()
+
+
+class _Metric:
+    def __init__(self):
+        self.value = 0.0
+
+    def set(self, value: float) -> None:
+        self.value = value
+
+    def increment(self, value: float) -> None:
+        self.value += value
 
 
 class InferenceResponse:

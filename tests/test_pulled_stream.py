@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 import torch
 
 from gptj_generator.engine import GenerationRequest
 from gptj_generator.loading import load_engine
 from gptj_generator.pulled_stream import PulledStream, PulledStreams
-from model_configs import MODEL_REPOSITORY
+from model_configs import MODEL_REPOSITORY, load_python_model
 from stage_common.errors import BadInput
 
 
@@ -154,3 +155,50 @@ def test_through_the_engine_fetched_ids_equal_a_pushed_stream(engine):
     for i, sink in enumerate(pushed):
         sink.wait()
         assert results[i] == (sink.ids, sink.reason)
+
+
+def _pull_inputs(ids: list[int], max_tokens: int) -> dict:
+    return {"input_ids": np.array([ids], np.int32), "input_lengths": np.array([[len(ids)]], np.int32),
+            "request_output_len": np.array([[max_tokens]], np.int32), "pull": np.array([[True]])}
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def test_through_the_model_bad_pulls_and_fetches_fail_alone_beside_a_good_pull():
+    """codegen_generator's model.py: an unknown fetch and a pull without request_id, in the same
+    execute as a good pull, get INVALID_ARGUMENT; the good one's calls are each answered once (final
+    flag) and carry the same ids as a pushed stream of the same prompt."""
+    import fake_pb_utils as pb
+    from test_codegen_engine import Collector
+
+    model = load_python_model("codegen_generator")
+    try:
+        prompt = [11, 12, 13]
+        good = pb.InferenceRequest(_pull_inputs(prompt, 12), request_id="good")
+        unknown = pb.InferenceRequest({"fetch": np.array([[True]])}, request_id="nobody")
+        no_id = pb.InferenceRequest(_pull_inputs(prompt, 12))
+        assert model.execute([unknown, no_id, good]) is None
+        for bad, message in ((unknown, "no open stream has request_id 'nobody'"), (no_id, "needs a request_id")):
+            ((response, flags),) = bad.sender.sent
+            assert flags == pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            assert response.error().code() == pb.TritonError.INVALID_ARG and message in response.error().message()
+        ids, call = [], good
+        while True:
+            assert call.sender.answered.wait(120), "a pulled call was not answered"
+            ((response, flags),) = call.sender.sent  # exactly one response per call
+            assert flags == pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL and not response.has_error()
+            ids += response.output("output_ids").reshape(-1).tolist()
+            reason = _text(response.output("finish_reason").reshape(-1)[0])
+            if reason:
+                break
+            call = pb.InferenceRequest({"fetch": np.array([[True]])}, request_id="good")
+            model.execute([call])
+        assert int(response.output("completion_tokens").reshape(-1)[0]) == len(ids)
+        pushed = Collector()
+        model.engine.submit(GenerationRequest(prompt, 12), pushed)
+        pushed.wait()
+        assert ids == pushed.ids and reason == {"eos": "stop"}.get(pushed.reason, pushed.reason)
+    finally:
+        model.finalize()

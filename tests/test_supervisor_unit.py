@@ -198,6 +198,14 @@ def test_a_failing_canary_reloads_its_model(tmp_path, monkeypatch):
     assert any(e == "hang detected" and m == "enc" for _, e, m in supervisor.events)
 
 
+def hung_canary(calls: list):
+    """A canary of a hung model: each call is noted, then times out."""
+    def canary():
+        calls.append(1)
+        raise TimeoutError("no answer")
+    return canary
+
+
 def test_one_canary_failure_does_not_reload_two_in_a_row_do_and_a_success_resets_the_count(tmp_path, monkeypatch):
     answers = []  # what the canary does on each call: True answers, False fails
 
@@ -223,12 +231,7 @@ def test_one_canary_failure_does_not_reload_two_in_a_row_do_and_a_success_resets
 
 def test_a_hang_whose_reload_failed_is_reloaded_again_on_the_next_canary_round(tmp_path, monkeypatch):
     calls = []
-
-    def hung():
-        calls.append(1)
-        raise TimeoutError("no answer")
-
-    fake, supervisor = canary_supervisor(tmp_path, monkeypatch, {"enc": hung})
+    fake, supervisor = canary_supervisor(tmp_path, monkeypatch, {"enc": hung_canary(calls)})
     fake.fail_loads = 1
     supervisor.check_canaries_once()
     supervisor.check_canaries_once()
@@ -241,12 +244,7 @@ def test_a_hang_whose_reload_failed_is_reloaded_again_on_the_next_canary_round(t
 
 def test_canaries_skip_models_not_ready_unhealthy_or_being_healed(tmp_path, monkeypatch):
     calls = []
-
-    def canary():
-        calls.append(1)
-        raise TimeoutError("no answer")
-
-    fake, supervisor = canary_supervisor(tmp_path, monkeypatch, {"enc": canary})
+    fake, supervisor = canary_supervisor(tmp_path, monkeypatch, {"enc": hung_canary(calls)})
     fake.not_ready.add("enc")
     supervisor.check_canaries_once()
     fake.not_ready.clear()

@@ -90,11 +90,9 @@ def make_classifier(model_dir: Path, runtime: str, threads: int, gpu_device: int
     if runtime == "onnx":
         logits = onnx_logits(model_dir, threads, gpu_device is not None, gpu_device or 0)
     elif runtime == "torch":
-        import torch
+        from stage_common.torch_runtime import torch_device
 
-        torch.set_num_threads(max(1, threads))
-        device = torch.device(f"cuda:{gpu_device}" if gpu_device is not None and torch.cuda.is_available() else "cpu")
-        logits = torch_logits(model_dir, device)
+        logits = torch_logits(model_dir, torch_device(threads, gpu_device))
     else:
         raise ValueError(f"runtime must be 'onnx' or 'torch', not {runtime!r}")
     return ImageClassifier(logits, labels_of(model_dir))

@@ -16,3 +16,10 @@ def configure_torch(args: dict, model_config: dict) -> torch.device:
     if args.get("model_instance_kind") == "GPU" and torch.cuda.is_available():
         return torch.device(f"cuda:{args.get('model_instance_device_id', 0)}")
     return torch.device("cpu")
+
+
+def torch_device(threads: int, gpu_device: int | None = None) -> torch.device:
+    """For a stage whose runtime is chosen by parameter: `threads` torch threads, and the GPU Triton
+    placed the instance on (None: CPU)."""
+    torch.set_num_threads(max(1, threads))
+    return torch.device(f"cuda:{gpu_device}" if gpu_device is not None and torch.cuda.is_available() else "cpu")

@@ -117,11 +117,9 @@ def make_encoder(model_dir: Path, runtime: str, threads: int, rows_per_forward: 
             small, _ = onnx_forward(model_dir, small_batch_threads)
             return TransformerEncoder(forward, hidden, rows_per_forward, small, small_batch_rows)
     elif runtime == "torch":
-        import torch
+        from stage_common.torch_runtime import torch_device
 
-        torch.set_num_threads(max(1, threads))
-        device = torch.device(f"cuda:{gpu_device}" if gpu_device is not None and torch.cuda.is_available() else "cpu")
-        forward, hidden = torch_forward(model_dir, device)
+        forward, hidden = torch_forward(model_dir, torch_device(threads, gpu_device))
     else:
         raise ValueError(f"runtime must be 'onnx' or 'torch', not {runtime!r}")
     return TransformerEncoder(forward, hidden, rows_per_forward)
