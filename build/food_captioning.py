@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from build.common import ROOT, Progress, seed_everything, version_dir
-from build.onnx_export import export_image_classifier
+from build.onnx_export import export_blip_captioner, export_image_classifier
 
 BLIP_HUB_ID = "Salesforce/blip-image-captioning-base"
 CLASSIFIER_ENV = "FOOD11_CLASSIFIER"
@@ -134,7 +134,7 @@ def hub_captioner():
 
 
 def build(profile: str) -> None:
-    progress = Progress("food_captioning", 4)
+    progress = Progress("food_captioning", 6)
     with progress.step(f"classifier -> food_captioning_classifier/1/ ({profile})"):
         model, image_processor = demo_classifier() if profile == "demo" else hub_classifier()
         classifier_dir = version_dir("food_captioning_classifier")
@@ -148,12 +148,35 @@ def build(profile: str) -> None:
         model, processor = demo_captioner() if profile == "demo" else hub_captioner()
         model.save_pretrained(captioner_dir)
         processor.save_pretrained(captioner_dir)
+    with progress.step("captioner -> food_captioning_captioner/1/{vision,decoder}.onnx (ONNX Runtime path)"):
+        diff = export_blip_captioner(captioner_dir, captioner_dir)
+        print(f"  max abs difference of the cross keys/values and logits to torch {diff:.1e}", flush=True)
+    with progress.step("captioner -> food_captioning_captioner/1/tokenizer.json (tokenizers, no transformers)"):
+        write_tokenizer_json(captioner_dir)
     with progress.step("image processor configs -> food_captioning_preprocess/1/"):
         preprocess_dir = version_dir("food_captioning_preprocess")
         for name, src in (("classifier", classifier_dir), ("blip", captioner_dir)):
             target = preprocess_dir / f"{name}_preprocessor_config.json"
             target.write_bytes((src / "preprocessor_config.json").read_bytes())
             check_reproducible(target)
+
+
+def write_tokenizer_json(captioner_dir: Path) -> None:
+    """BLIP's slow BertTokenizer converted for the `tokenizers` library (as transformers converts it,
+    [DEC]/[ENC] included). The decoder's own clean-up is turned off: it works token by token, so the
+    stub applies transformers' clean-up to the whole text instead (blip_captioner/text.py). Checked:
+    every Food-11 prompt encodes to the slow tokenizer's ids."""
+    from tokenizers import decoders
+    from transformers import BertTokenizerFast, BlipProcessor
+
+    fast = BertTokenizerFast.from_pretrained(str(captioner_dir), from_slow=True).backend_tokenizer
+    fast.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    slow = BlipProcessor.from_pretrained(str(captioner_dir), use_fast=False).tokenizer
+    for label in FOOD11_LABELS:
+        prompt = f"a photo of {label}".lower()
+        if fast.encode(prompt).ids != slow(prompt).input_ids:
+            raise SystemExit(f"tokenizer.json encodes {prompt!r} differently from BLIP's BertTokenizer")
+    fast.save(str(captioner_dir / "tokenizer.json"))
 
 
 def check_reproducible(processor_config: Path) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import json
 import resource
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from google.protobuf import json_format
 from PIL import Image, ImageOps
 
 import fake_pb_utils as pb
@@ -17,7 +19,7 @@ from food_images import (animated_gif, bomb_png, encode, exif_rotated_jpeg, mixe
                          photo, sixteen_bit_png, truncated_jpeg)
 from image_preprocess.decoding import decode_image
 from image_preprocess.processors import ImageProcessor
-from model_configs import MODEL_REPOSITORY, load_python_model
+from model_configs import MODEL_REPOSITORY, load_python_model, parse_config
 from stage_common.errors import BadInput
 
 LIMIT = 50_000_000
@@ -276,12 +278,27 @@ def reference_ids(reference, image: Image.Image, label: str) -> list[int]:
         return model.generate(**inputs, max_new_tokens=MAX_NEW_TOKENS)[0].tolist()
 
 
-def test_batched_generation_equals_one_image_at_a_time_token_for_token(captioner, reference_blip):
+def blip_images(names: list[str]) -> list[np.ndarray]:
+    processor = ImageProcessor.from_file(CAPTIONER_DIR / "preprocessor_config.json", LIMIT)
+    return [processor(decoded(n)) for n in names]
+
+
+def test_shipped_captioner_runs_onnx(captioner):
+    from blip_captioner.onnx_blip import OnnxBlip
+
+    assert isinstance(captioner.captioner.generator, OnnxBlip)
+
+
+@pytest.mark.parametrize("runtime", ["onnx", "torch"])
+def test_batched_generation_equals_one_image_at_a_time_token_for_token(reference_blip, runtime):
+    """ONNX Runtime (vision.onnx, decoder.onnx with its cache, the numpy greedy loop, tokenizer.json) and
+    torch, over a batch mixing prompts of three token lengths, against a lone transformers generate each."""
+    from blip_captioner.captioner import make_captioner
+
+    stage = make_captioner(CAPTIONER_DIR, runtime, threads=1, max_new_tokens=MAX_NEW_TOKENS)
     names = sorted(IMAGES)
     labels = ["Bread", "Noodles/Pasta", "Dairy product", "Egg"] * 4  # groups of 4 share a prompt
-    stage = captioner.captioner
-    blip_pixels = ImageProcessor.from_file(CAPTIONER_DIR / "preprocessor_config.json", LIMIT)
-    images = [blip_pixels(decoded(n)) for n in names]
+    images = blip_images(names)
     generated = stage.generate_ids(images, labels)
     expected = [reference_ids(reference_blip, decoded(n), label) for n, label in zip(names, labels)]
     assert generated == expected
@@ -292,6 +309,91 @@ def test_batched_generation_equals_one_image_at_a_time_token_for_token(captioner
     prompts = [processor.decode(processor.tokenizer(f"a photo of {label}".lower()).input_ids, skip_special_tokens=True)
                for label in labels]
     assert all(c.startswith(p) and len(c) > len(p) for c, p in zip(captions, prompts))
+
+
+@pytest.mark.parametrize("runtime", ["onnx", "torch"])
+def test_rows_ending_early_equal_transformers(reference_blip, runtime):
+    """The random demo BLIP never emits [SEP] within 20 tokens: a token it does emit for some images
+    stands in as the end token (in the reference model too), so rows end mid-batch and are padded."""
+    from blip_captioner.captioner import make_captioner
+
+    names, labels = sorted(IMAGES)[:8], ["Rice"] * 8
+    stage = make_captioner(CAPTIONER_DIR, runtime, threads=1, max_new_tokens=MAX_NEW_TOKENS)
+    images = blip_images(names)
+    free = stage.generate_ids(images, labels)
+    prompt_length = len(free[0]) - MAX_NEW_TOKENS
+    counts: dict[int, int] = {}
+    for row in free:
+        for token in set(row[prompt_length:]):
+            counts[token] = counts.get(token, 0) + 1
+    eos = max((n, token) for token, n in counts.items() if n < len(free))[1]  # ends some rows, not all
+    processor, model = reference_blip
+    sep = model.config.text_config.sep_token_id
+    generator = stage.generator
+    if runtime == "onnx":
+        generator.generation = {**generator.generation, "eos_token_id": eos}
+    else:
+        generator.model.config.text_config.sep_token_id = eos
+    model.config.text_config.sep_token_id = eos
+    try:
+        generated = stage.generate_ids(images, labels)
+        expected = [reference_ids(reference_blip, decoded(n), label) for n, label in zip(names, labels)]
+    finally:
+        model.config.text_config.sep_token_id = sep
+    assert generated == expected
+    ended = [row for row in generated if len(row) < len(free[0])]
+    assert ended and len(ended) < len(generated) and all(row[-1] == eos for row in ended)
+
+
+def test_greedy_loop_pads_ended_rows_and_stops_when_all_ended():
+    from blip_captioner.greedy import decoder_prompt, greedy_generate
+
+    eos, pad, vocab = 9, 0, 10
+    script = {0: [5, eos], 1: [6, 7, 7, eos]}  # each row's tokens; the loop must stop after row 1's eos
+    fed: list[list[int]] = []
+
+    def step(new, past):
+        fed.append(new[:, -1].tolist())
+        logits = np.zeros((len(new), vocab), dtype=np.float32)
+        for row in range(len(new)):
+            logits[row, script[row][min(len(fed) - 1, len(script[row]) - 1)]] = 1.0
+        return logits, past + [len(fed)]
+
+    prompt = decoder_prompt(np.array([[101, 3, 4, 102], [101, 3, 4, 102]]), bos=8)
+    assert prompt.tolist() == [[8, 3, 4], [8, 3, 4]]
+    out = greedy_generate(prompt, step, [], eos, pad, max_new_tokens=20)
+    assert out == [[8, 3, 4, 5, eos], [8, 3, 4, 6, 7, 7, eos]]
+    assert fed == [[4, 4], [5, 6], [eos, 7], [pad, 7]]  # an ended row is fed pad, as generate does
+    fed.clear()
+    assert greedy_generate(prompt, step, [], eos, pad, max_new_tokens=1) == [[8, 3, 4, 5], [8, 3, 4, 6]]
+
+
+def test_tokenizer_json_equals_blips_bert_tokenizer(reference_blip):
+    """The ONNX path's tokenizers file encodes every Food-11 prompt and decodes any ids (special ones,
+    word pieces, punctuation that transformers' clean-up joins) as BlipProcessor's slow tokenizer does."""
+    from blip_captioner.text import BlipText
+    from build.food_captioning import FOOD11_LABELS
+
+    slow, ours = reference_blip[0].tokenizer, BlipText(CAPTIONER_DIR)
+    assert len(FOOD11_LABELS) == 11
+    for text in [f"a photo of {label}".lower() for label in FOOD11_LABELS] + ["a photo of crème brûlée, isn't it?"]:
+        assert ours.encode(text) == slow(text).input_ids, text
+    rng = np.random.default_rng(0)
+    specials = [0, 100, 101, 102, 103, 30522, 30523]
+    punctuation = slow.convert_tokens_to_ids(["'", ".", ",", "?", "!", "s", "t", "m", "re", "ve", "##s", "n"])
+    sequences = [rng.choice(rng.integers(0, len(slow), 30).tolist() + specials + punctuation * 3,
+                            int(rng.integers(1, 30))).tolist() for _ in range(500)]
+    assert ours.decode(sequences) == slow.batch_decode(sequences, skip_special_tokens=True)
+
+
+def test_onnx_runtime_refuses_beam_search_at_load(captioner):
+    config = json_format.MessageToDict(parse_config("food_captioning_captioner"), preserving_proto_field_name=True)
+    config["parameters"]["num_beams"] = {"string_value": "3"}
+    args = {"model_config": json.dumps(config), "model_name": "food_captioning_captioner", "model_version": "1",
+            "model_repository": str(CAPTIONER_DIR.parent), "model_instance_kind": "CPU",
+            "model_instance_device_id": "0"}
+    with pytest.raises(ValueError, match="num_beams 3: runtime 'onnx' decodes greedily"):
+        type(captioner)().initialize(args)
 
 
 def test_captioner_fails_only_the_bad_requests(captioner):

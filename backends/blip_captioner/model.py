@@ -3,12 +3,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from blip_captioner.captioner import BlipCaptioner  # noqa: E402
+from blip_captioner.captioner import has_onnx, make_captioner  # noqa: E402
 from stage_common.errors import BadInput  # noqa: E402
 from stage_common.params import config_param  # noqa: E402
-from stage_common.torch_runtime import configure_torch  # noqa: E402
-from stage_common.triton_io import (execute_batched, input_array, load_model_config, string_tensor,  # noqa: E402
-                                    text_rows, version_dir)
+from stage_common.triton_io import (execute_batched, gpu_device, input_array, load_model_config,  # noqa: E402
+                                    string_tensor, text_rows, version_dir)
 
 
 def _parse(request, image_shape):
@@ -25,9 +24,13 @@ class TritonPythonModel:
     BLIP generate prompted with `prompt_template` filled with the label, lower-cased."""
 
     def initialize(self, args):
-        config = load_model_config(args)
-        self.captioner = BlipCaptioner(
-            version_dir(args), configure_torch(args, config),
+        config, folder = load_model_config(args), version_dir(args)
+        # `runtime`: onnx (vision.onnx + decoder.onnx, built and checked by `make model`) or torch;
+        # ONNX when it was built
+        runtime = config_param(config, "runtime", str, "onnx" if has_onnx(folder) else "torch")
+        self.captioner = make_captioner(
+            folder, runtime, config_param(config, "threads", int, config_param(config, "torch_threads", int, 1)),
+            gpu_device(args),
             prompt_template=config_param(config, "prompt_template", str, "a photo of {label}"),
             max_new_tokens=config_param(config, "max_new_tokens", int, 20),
             num_beams=config_param(config, "num_beams", int, 1))
