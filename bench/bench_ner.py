@@ -1,5 +1,6 @@
-"""ner: served sentences/s at concurrency 1, 8, 32, 64 vs flair's own SequenceTagger.predict in-process
-(mini_batch_size=64) on the same sentences and the same saved model."""
+"""ner: served sentences/s at concurrency 1, 8, 32, 64 against the in-process limit of the best path: flair's
+own SequenceTagger.predict (mini_batch_size=64) or the stages' code called directly (ONNX Runtime or torch
+tagger, 1 or 2 threads), on the same sentences and the same saved model."""
 from __future__ import annotations
 
 import itertools
@@ -8,6 +9,7 @@ import statistics
 import time
 
 from perf import in_process_limit, run_load, text_inputs_factory
+from tools.model_repo import MODEL_REPOSITORY, parameter
 
 PEOPLE = ["George Washington", "Angela Merkel", "Barack Obama", "Marie Curie", "Kofi Annan", "Zoë Saldaña"]
 PLACES = ["Washington", "Berlin", "Paris", "New York", "Tokyo", "Zürich", "the United Kingdom", "Lagos"]
@@ -43,6 +45,42 @@ def flair_predict():
     return lambda texts: tagger.predict([Sentence(t) for t in texts], mini_batch_size=64)
 
 
+def stage_code(runtime: str = "onnx", threads: int = 2):
+    """preprocess -> tagger -> decoder as the served stages run them, each text a request of its own."""
+    from ner_decoder.decoding import NerDecoder
+    from ner_preprocess.preprocessing import NerPreprocessor
+    from ner_tagger.rows import sentence_rows
+    from ner_tagger.runtimes import make_tagger
+
+    preprocessor = NerPreprocessor(MODEL_REPOSITORY / "ner_preprocess" / "1" / "char_lm.json")
+    tagger = make_tagger(MODEL_REPOSITORY / "ner_tagger" / "1", runtime, threads)
+    decoder = NerDecoder(MODEL_REPOSITORY / "ner_decoder" / "1" / "crf.json")
+    chars_per_forward = int(parameter("ner_tagger", "chars_per_forward"))
+    names = ("char_ids", "sentence_chars", "sentence_tokens", "token_positions", "token_count")
+
+    def process(texts: list[str]) -> None:
+        encoded = [preprocessor.encode([text]) for text in texts]
+        rows = [sentence_rows(*(e[k] for k in names)) for e in encoded]
+        for text, e, emissions in zip(texts, encoded, tagger.emissions_per_request(rows, chars_per_forward)):
+            decoder.decode([text], emissions, e["token_offsets"], e["sentence_tokens"], e["token_count"])
+
+    return process
+
+
+def limit(seconds: float) -> float:
+    """The best in-process path, sentences/s: flair predict (it sorts each 256-sentence chunk by length
+    before cutting mini-batches of 64) or the stages' code at batch 64, each runtime at 1 and 2 threads."""
+    texts = corpus()
+    best, _, _ = in_process_limit(flair_predict(), texts, (256,), seconds, "sentences/sec (flair predict)")
+    for runtime in ("onnx", "torch"):
+        for threads in (1, 2):
+            print(f"  in-process stages, {runtime}, {threads} thread(s):", flush=True)
+            rate, _, _ = in_process_limit(stage_code(runtime, threads), texts, (64,), seconds, "sentences/sec",
+                                          thread_counts=(threads,))
+            best = max(best, rate)
+    return best
+
+
 # Two char LMs of hidden 1024 run one step per character: a batch of 32 sentences takes seconds on a
 # 2-core CPU, so a few-second window would hold only a handful of batches.
 MIN_WINDOW, MIN_WARMUP = 30.0, 10.0
@@ -64,13 +102,11 @@ def run(ctx) -> None:
     texts = corpus()
     window = ctx.window if ctx.quick else max(ctx.window, MIN_WINDOW)
     warmup = ctx.warmup if ctx.quick else max(ctx.warmup, MIN_WARMUP)
-    predict = flair_predict()
-    # predict sorts each 256-sentence chunk by length before cutting mini-batches of 64
-    limit, _, _ = in_process_limit(predict, texts, (256,), window / 2, "sentences/sec (flair predict)")
-    alone = statistics.median(one_text_latencies(predict, texts, window / 2))
+    best = limit(window / 4)
+    alone = statistics.median(one_text_latencies(flair_predict(), texts, window / 2))
     for concurrency in ((1, 32) if ctx.quick else (1, 8, 32, 64)):
         result = run_load(ctx.grpc_url, "ner", text_inputs_factory(texts), concurrency, window, warmup)
-        ctx.report(result, limit, "sentences/sec")
+        ctx.report(result, best, "sentences/sec")
         if concurrency == 1:
             ratio = result.percentile(50) / alone
             print(f"goal ner p50 at concurrency 1 / flair predict of one text in-process <= 1.5: "

@@ -26,8 +26,8 @@ from supervisor.workload import Load  # noqa: E402
 from tools.triton_launcher import TritonServer, free_port, process_tree, shipped_models, shm_regions_mapped  # noqa: E402
 
 PIPELINES = ["text_embedding", "ner", "food_captioning", "codegen", "codegen_stream"]
-# one of each kind first (a torch stage, a torch-free one, the decoupled generator), so that a 30-minute
-# soak (5 kills) kills each; a 120 s soak kills only the first
+# networks (ONNX Runtime) and numpy/tokenizer stages in turn: a 30-minute soak (5 kills) kills the three
+# networks and two of the others; a 120 s soak kills only the first
 # not codegen_generator: killing the decoupled generator's stub under load sometimes aborts tritonserver
 # (boost::interprocess::lock_exception in libtriton_python, Triton 2.51; README "Supervision")
 KILL_TARGETS = ["text_embedding_encoder", "ner_decoder", "food_captioning_captioner", "text_embedding_tokenizer",
@@ -78,9 +78,13 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--bad-every", type=int, default=50)
     parser.add_argument("--kill-every", type=float, default=300.0)
+    parser.add_argument("--kill", type=lambda v: v.split(","), default=KILL_TARGETS, metavar="STUB,...",
+                        help=f"the stubs to kill, in turn (default: {','.join(KILL_TARGETS)})")
     parser.add_argument("--warmup", type=float, default=None, help="default: 15%% of the run, 15-120 s")
     parser.add_argument("--log-dir", type=Path, default=ROOT / "bench-results" / "soak")
     args = parser.parse_args()
+    if unknown := sorted(set(args.kill) - set(shipped_models())):
+        parser.error(f"--kill: not served models: {unknown}")
     warmup = args.warmup if args.warmup is not None else min(120.0, max(15.0, args.seconds * 0.15))
     args.log_dir.mkdir(parents=True, exist_ok=True)
 
@@ -106,7 +110,7 @@ def main() -> int:
               f"{len(load.outcomes)} requests so far", flush=True)
         for n, offset in enumerate(kill_times(args.seconds, warmup, args.kill_every)):
             time.sleep(max(0.0, started + offset - time.time()))
-            stub = KILL_TARGETS[n % len(KILL_TARGETS)]
+            stub = args.kill[n % len(args.kill)]
             killed_at = time.time()
             kill_stub(pid, stub)
             healed = None

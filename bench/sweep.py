@@ -25,7 +25,7 @@ from google.protobuf import json_format  # noqa: E402
 
 from suite import memory_mib  # noqa: E402
 from http_load import run_http_load  # noqa: E402
-from perf import in_process_limit, run_load, text_inputs_factory  # noqa: E402
+from perf import run_load, text_inputs_factory  # noqa: E402
 from tools.model_repo import parse_config  # noqa: E402
 from tools.triton_launcher import TritonServer, free_port  # noqa: E402
 
@@ -58,35 +58,27 @@ class Pipeline:
 
 
 def _text_embedding() -> Pipeline:
-    from bench_text_embedding import corpus, stage_code
-
-    def limit() -> float:
-        best = 0.0
-        for runtime, threads in itertools.product(("onnx", "torch"), (1, 2)):
-            rate, _, _ = in_process_limit(stage_code(runtime, threads), corpus(), (1, 32, 64), 2.0, "sentences/s",
-                                          thread_counts=(threads,))
-            best = max(best, rate)
-        return best
+    from bench_text_embedding import corpus, limit
 
     return Pipeline("text_embedding", "text_embedding_encoder", "text", corpus, "/embed",
-                    lambda item: {"texts": [item]}, ("onnx", "torch"), limit)
+                    lambda item: {"texts": [item]}, ("onnx", "torch"), lambda: limit(2.0, (1, 32, 64)))
 
 
 def _ner() -> Pipeline:
-    from bench_ner import corpus, flair_predict
+    from bench_ner import corpus, limit
 
-    return Pipeline("ner", "ner_tagger", "text", corpus, "/ner", lambda item: {"texts": [item]}, ("",),
-                    lambda: in_process_limit(flair_predict(), corpus(), (64,), 6.0, "sentences/s")[0])
+    return Pipeline("ner", "ner_tagger", "text", corpus, "/ner", lambda item: {"texts": [item]}, ("onnx", "torch"),
+                    lambda: limit(6.0))
 
 
 def _food() -> Pipeline:
     import base64
 
-    from bench_food_captioning import photos, stage_code
+    from bench_food_captioning import limit, photos
 
     return Pipeline("food_captioning", "food_captioning_classifier", "image", photos, "/caption",
                     lambda item: {"images": [base64.b64encode(item).decode()]}, ("",),
-                    lambda: in_process_limit(stage_code(), photos(), (1, 8, 16), 3.0, "images/s")[0])
+                    lambda: limit(3.0))
 
 
 PIPELINES = {"text_embedding": _text_embedding, "ner": _ner, "food_captioning": _food}

@@ -7,8 +7,8 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from image_classifier.classifier import ONNX_FILE, make_classifier  # noqa: E402
 from stage_common.params import config_param  # noqa: E402
-from stage_common.triton_io import (execute_batched, input_array, load_model_config, string_tensor,  # noqa: E402
-                                    version_dir)
+from stage_common.triton_io import (execute_batched, gpu_device, input_array, load_model_config,  # noqa: E402
+                                    string_tensor, version_dir)
 
 
 class TritonPythonModel:
@@ -18,10 +18,9 @@ class TritonPythonModel:
         config, folder = load_model_config(args), version_dir(args)
         # `runtime`: onnx (model.onnx, built and checked by `make model`) or torch; ONNX when it exists
         runtime = config_param(config, "runtime", str, "onnx" if (folder / ONNX_FILE).is_file() else "torch")
-        on_gpu = args.get("model_instance_kind") == "GPU"
         self.classifier = make_classifier(folder, runtime, config_param(config, "threads", int,
                                                                         config_param(config, "torch_threads", int, 1)),
-                                          int(args.get("model_instance_device_id", 0)) if on_gpu else None)
+                                          gpu_device(args))
 
     def execute(self, requests):
         return execute_batched(

@@ -5,10 +5,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from ner_tagger.tagger import Bounds, NerTaggerRunner, sentence_rows  # noqa: E402
+from ner_tagger.rows import Bounds, sentence_rows  # noqa: E402
+from ner_tagger.runtimes import default_runtime, make_tagger  # noqa: E402
 from stage_common.params import config_param  # noqa: E402
-from stage_common.torch_runtime import configure_torch  # noqa: E402
-from stage_common.triton_io import execute_batched, input_array, load_model_config, version_dir  # noqa: E402
+from stage_common.triton_io import (execute_batched, gpu_device, input_array, load_model_config,  # noqa: E402
+                                    version_dir)
 
 INPUTS = ("char_ids", "sentence_chars", "sentence_tokens", "token_positions", "token_count")
 
@@ -19,9 +20,10 @@ class TritonPythonModel:
     the same forward passes."""
 
     def initialize(self, args):
-        config = load_model_config(args)
-        device = configure_torch(args, config)
-        self.runner = NerTaggerRunner(version_dir(args), device)
+        config, folder = load_model_config(args), version_dir(args)
+        # `runtime`: onnx (the graphs `make model` wrote and checked against torch) or torch
+        self.runner = make_tagger(folder, config_param(config, "runtime", str, default_runtime(folder)),
+                                  config_param(config, "threads", int, 1), gpu_device(args))
         self.chars_per_forward = config_param(config, "chars_per_forward", int, 16000)
         self.bounds = Bounds(config_param(config, "max_request_lm_characters", int, 15000),
                              config_param(config, "max_sentence_lm_characters", int, 2001))

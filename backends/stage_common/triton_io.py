@@ -20,6 +20,11 @@ def version_dir(args: dict) -> Path:
     return Path(args["model_repository"]) / args["model_version"]
 
 
+def gpu_device(args: dict) -> int | None:
+    """The GPU Triton placed this instance on (KIND_AUTO/KIND_GPU), None on a CPU instance."""
+    return int(args.get("model_instance_device_id", 0)) if args.get("model_instance_kind") == "GPU" else None
+
+
 def output_dtype(model_config: dict, name: str) -> np.dtype:
     return pb_utils.triton_string_to_numpy(pb_utils.get_output_config_by_name(model_config, name)["data_type"])
 
