@@ -5,7 +5,7 @@ import io
 
 import numpy as np
 
-from perf import in_process_limit, run_load, text_inputs_factory
+from perf import best_limit, run_load, text_inputs_factory
 from tools.model_repo import MODEL_REPOSITORY, parameter
 
 MODELS = ["food_captioning"]
@@ -59,16 +59,9 @@ def stage_code(runtime: str = "onnx", threads: int = 1):
 
 
 def limit(seconds: float) -> float:
-    """The best in-process path, images/s: each runtime at 1 and 2 threads, batches up to the highest
-    concurrency served (16 clients never put more than 16 images in a batch)."""
-    best = 0.0
-    for runtime in ("onnx", "torch"):
-        for threads in (1, 2):
-            print(f"  in-process {runtime}, {threads} thread(s):", flush=True)
-            rate, _, _ = in_process_limit(stage_code(runtime, threads), photos(), (1, 4, 8, 16), seconds,
-                                          "images/sec", thread_counts=(threads,))
-            best = max(best, rate)
-    return best
+    """The best in-process path, images/s, at batches up to the highest concurrency served (16 clients
+    never put more than 16 images in a batch)."""
+    return best_limit(stage_code, photos(), (1, 4, 8, 16), seconds, "images/sec")
 
 
 def run(ctx) -> None:

@@ -8,7 +8,7 @@ import random
 import statistics
 import time
 
-from perf import in_process_limit, run_load, text_inputs_factory
+from perf import best_limit, in_process_limit, run_load, text_inputs_factory
 from tools.model_repo import MODEL_REPOSITORY, parameter
 
 PEOPLE = ["George Washington", "Angela Merkel", "Barack Obama", "Marie Curie", "Kofi Annan", "Zoë Saldaña"]
@@ -69,16 +69,9 @@ def stage_code(runtime: str = "onnx", threads: int = 2):
 
 def limit(seconds: float) -> float:
     """The best in-process path, sentences/s: flair predict (it sorts each 256-sentence chunk by length
-    before cutting mini-batches of 64) or the stages' code at batch 64, each runtime at 1 and 2 threads."""
-    texts = corpus()
-    best, _, _ = in_process_limit(flair_predict(), texts, (256,), seconds, "sentences/sec (flair predict)")
-    for runtime in ("onnx", "torch"):
-        for threads in (1, 2):
-            print(f"  in-process stages, {runtime}, {threads} thread(s):", flush=True)
-            rate, _, _ = in_process_limit(stage_code(runtime, threads), texts, (64,), seconds, "sentences/sec",
-                                          thread_counts=(threads,))
-            best = max(best, rate)
-    return best
+    before cutting mini-batches of 64) or the stages' code at batch 64."""
+    flair, _, _ = in_process_limit(flair_predict(), corpus(), (256,), seconds, "sentences/sec (flair predict)")
+    return max(flair, best_limit(stage_code, corpus(), (64,), seconds, "sentences/sec"))
 
 
 # Two char LMs of hidden 1024 run one step per character: a batch of 32 sentences takes seconds on a

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import random
 
-from perf import in_process_limit, run_load, text_inputs_factory
+from perf import best_limit, run_load, text_inputs_factory
 from tools.model_repo import MODEL_REPOSITORY, parameter
 
 WORDS = ("the a model server request batch token sentence embedding vector latency throughput queue "
@@ -37,15 +37,8 @@ def stage_code(runtime: str = "onnx", threads: int = 1):
 
 
 def limit(seconds: float, batch_sizes: tuple[int, ...] = (1, 8, 32, 64)) -> float:
-    """The best in-process path, sentences/s: each runtime at 1 and 2 threads."""
-    best = 0.0
-    for runtime in ("onnx", "torch"):
-        for threads in (1, 2):
-            print(f"  in-process {runtime}, {threads} thread(s):", flush=True)
-            rate, _, _ = in_process_limit(stage_code(runtime, threads), corpus(), batch_sizes, seconds,
-                                          "sentences/sec", thread_counts=(threads,))
-            best = max(best, rate)
-    return best
+    """The best in-process path, sentences/s."""
+    return best_limit(stage_code, corpus(), batch_sizes, seconds, "sentences/sec")
 
 
 def run(ctx) -> None:

@@ -186,6 +186,20 @@ def in_process_limit(process_batch: Callable[[list], object], items: list, batch
     return best
 
 
+def best_limit(stage_code: Callable[[str, int], Callable[[list], object]], items: list,
+               batch_sizes: tuple[int, ...], seconds: float, unit: str) -> float:
+    """The limit over every path a stage can run: stage_code(runtime, threads) for ONNX Runtime and torch
+    at 1 and 2 threads, each at its best batch size."""
+    best = 0.0
+    for runtime in ("onnx", "torch"):
+        for threads in (1, 2):
+            print(f"  in-process {runtime}, {threads} thread(s):", flush=True)
+            rate, _, _ = in_process_limit(stage_code(runtime, threads), items, batch_sizes, seconds, unit,
+                                          thread_counts=(threads,))
+            best = max(best, rate)
+    return best
+
+
 def text_inputs_factory(texts: list[str], name: str = "text", rows: int = 1) -> InputsFactory:
     """Cycles through `texts` (str or bytes), `rows` per request, as a [rows, 1] TYPE_STRING tensor."""
     items = itertools.cycle(texts)
