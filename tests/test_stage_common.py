@@ -6,11 +6,23 @@ import pytest
 
 import fake_pb_utils as pb
 from stage_common.errors import BadInput, decode_utf8
-from stage_common.params import config_param
+from stage_common.params import config_param, runtime_params
 from stage_common.triton_io import execute_batched, text_rows
 
 CONFIG = {"name": "m", "parameters": {"n": {"string_value": "7"}, "flag": {"string_value": "off"},
                                       "x": {"string_value": "0.5"}, "bad": {"string_value": "seven"}}}
+
+
+def test_runtime_params_default_to_onnx_when_built_and_refuse_unknown_runtimes():
+    assert runtime_params({"name": "m"}, onnx_built=True) == ("onnx", 1)
+    assert runtime_params({"name": "m"}, onnx_built=False) == ("torch", 1)
+    old = {"name": "m", "parameters": {"torch_threads": {"string_value": "2"}}}
+    assert runtime_params(old, onnx_built=True) == ("onnx", 2)
+    both = {"name": "m", "parameters": {"threads": {"string_value": "3"}, "torch_threads": {"string_value": "2"},
+                                        "runtime": {"string_value": "torch"}}}
+    assert runtime_params(both, onnx_built=True) == ("torch", 3)
+    with pytest.raises(ValueError, match="'runtime' must be onnx or torch, not 'tensorrt'"):
+        runtime_params({"name": "m", "parameters": {"runtime": {"string_value": "tensorrt"}}}, onnx_built=True)
 
 
 def test_config_param_casts_and_defaults():

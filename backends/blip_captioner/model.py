@@ -5,7 +5,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from blip_captioner.captioner import has_onnx, make_captioner  # noqa: E402
 from stage_common.errors import BadInput  # noqa: E402
-from stage_common.params import config_param  # noqa: E402
+from stage_common.params import config_param, runtime_params  # noqa: E402
 from stage_common.triton_io import (execute_batched, gpu_device, input_array, load_model_config,  # noqa: E402
                                     string_tensor, text_rows, version_dir)
 
@@ -25,12 +25,10 @@ class TritonPythonModel:
 
     def initialize(self, args):
         config, folder = load_model_config(args), version_dir(args)
-        # `runtime`: onnx (vision.onnx + decoder.onnx, built and checked by `make model`) or torch;
-        # ONNX when it was built
-        runtime = config_param(config, "runtime", str, "onnx" if has_onnx(folder) else "torch")
+        # `runtime`: onnx (vision.onnx + decoder.onnx, built and checked by `make model`) or torch
+        runtime, threads = runtime_params(config, has_onnx(folder))
         self.captioner = make_captioner(
-            folder, runtime, config_param(config, "threads", int, config_param(config, "torch_threads", int, 1)),
-            gpu_device(args),
+            folder, runtime, threads, gpu_device(args),
             prompt_template=config_param(config, "prompt_template", str, "a photo of {label}"),
             max_new_tokens=config_param(config, "max_new_tokens", int, 20),
             num_beams=config_param(config, "num_beams", int, 1))

@@ -6,7 +6,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from image_classifier.classifier import ONNX_FILE, make_classifier  # noqa: E402
-from stage_common.params import config_param  # noqa: E402
+from stage_common.params import runtime_params  # noqa: E402
 from stage_common.triton_io import (execute_batched, gpu_device, input_array, load_model_config,  # noqa: E402
                                     string_tensor, version_dir)
 
@@ -16,11 +16,9 @@ class TritonPythonModel:
 
     def initialize(self, args):
         config, folder = load_model_config(args), version_dir(args)
-        # `runtime`: onnx (model.onnx, built and checked by `make model`) or torch; ONNX when it exists
-        runtime = config_param(config, "runtime", str, "onnx" if (folder / ONNX_FILE).is_file() else "torch")
-        self.classifier = make_classifier(folder, runtime, config_param(config, "threads", int,
-                                                                        config_param(config, "torch_threads", int, 1)),
-                                          gpu_device(args))
+        # `runtime`: onnx (model.onnx, built and checked by `make model`) or torch
+        runtime, threads = runtime_params(config, (folder / ONNX_FILE).is_file())
+        self.classifier = make_classifier(folder, runtime, threads, gpu_device(args))
 
     def execute(self, requests):
         return execute_batched(

@@ -6,8 +6,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from ner_tagger.rows import Bounds, sentence_rows  # noqa: E402
-from ner_tagger.runtimes import default_runtime, make_tagger  # noqa: E402
-from stage_common.params import config_param  # noqa: E402
+from ner_tagger.runtimes import has_onnx, make_tagger  # noqa: E402
+from stage_common.params import config_param, runtime_params  # noqa: E402
 from stage_common.triton_io import (execute_batched, gpu_device, input_array, load_model_config,  # noqa: E402
                                     version_dir)
 
@@ -22,8 +22,7 @@ class TritonPythonModel:
     def initialize(self, args):
         config, folder = load_model_config(args), version_dir(args)
         # `runtime`: onnx (the graphs `make model` wrote and checked against torch) or torch
-        self.runner = make_tagger(folder, config_param(config, "runtime", str, default_runtime(folder)),
-                                  config_param(config, "threads", int, 1), gpu_device(args))
+        self.runner = make_tagger(folder, *runtime_params(config, has_onnx(folder)), gpu_device(args))
         self.chars_per_forward = config_param(config, "chars_per_forward", int, 16000)
         self.bounds = Bounds(config_param(config, "max_request_lm_characters", int, 15000),
                              config_param(config, "max_sentence_lm_characters", int, 2001))

@@ -10,8 +10,9 @@ from ner_tagger.rows import TaggerRows
 RUNTIMES = ("onnx", "torch")
 
 
-def default_runtime(model_dir: Path) -> str:
-    return "onnx" if (Path(model_dir) / HEAD_FILE).is_file() else "torch"
+def has_onnx(model_dir: Path) -> bool:
+    """Whether `make model` wrote the ONNX graphs (the head is written last)."""
+    return (Path(model_dir) / HEAD_FILE).is_file()
 
 
 def make_tagger(model_dir: Path, runtime: str, threads: int, gpu_device: int | None = None) -> TaggerRows:

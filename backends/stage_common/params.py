@@ -29,3 +29,14 @@ def config_param(model_config: dict, name: str, cast: type = str, default: Any =
         return _CASTS[cast](raw)
     except ValueError as e:
         raise ValueError(f"model '{model_config.get('name')}' parameter '{name}': {e}") from None
+
+
+def runtime_params(model_config: dict, onnx_built: bool) -> tuple[str, int]:
+    """(runtime, threads) of a network stage: `runtime` onnx or torch (default onnx when `make model`
+    built the ONNX files, else torch); `threads` per execution (`torch_threads`, the older name, is read
+    when `threads` is absent), default 1."""
+    runtime = config_param(model_config, "runtime", str, "onnx" if onnx_built else "torch")
+    if runtime not in ("onnx", "torch"):
+        raise ValueError(f"model '{model_config.get('name')}' parameter 'runtime' must be onnx or torch, "
+                         f"not {runtime!r}")
+    return runtime, config_param(model_config, "threads", int, config_param(model_config, "torch_threads", int, 1))

@@ -6,8 +6,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from stage_common.errors import BadInput  # noqa: E402
-from stage_common.params import config_param  # noqa: E402
-from stage_common.triton_io import execute_batched, input_array, load_model_config, version_dir  # noqa: E402
+from stage_common.params import config_param, runtime_params  # noqa: E402
+from stage_common.triton_io import execute_batched, gpu_device, input_array, load_model_config, version_dir  # noqa: E402
 from transformer_encoder.encoder import ONNX_FILE, make_encoder  # noqa: E402
 
 
@@ -25,13 +25,10 @@ class TritonPythonModel:
 
     def initialize(self, args):
         config, folder = load_model_config(args), version_dir(args)
-        # `runtime`: onnx (model.onnx, built and checked by `make model`) or torch; ONNX when it exists
-        runtime = config_param(config, "runtime", str, "onnx" if (folder / ONNX_FILE).is_file() else "torch")
-        on_gpu = args.get("model_instance_kind") == "GPU"
-        self.encoder = make_encoder(folder, runtime, config_param(config, "threads", int,
-                                                                  config_param(config, "torch_threads", int, 1)),
-                                    config_param(config, "rows_per_forward", int, 8),
-                                    int(args.get("model_instance_device_id", 0)) if on_gpu else None,
+        # `runtime`: onnx (model.onnx, built and checked by `make model`) or torch
+        runtime, threads = runtime_params(config, (folder / ONNX_FILE).is_file())
+        self.encoder = make_encoder(folder, runtime, threads, config_param(config, "rows_per_forward", int, 8),
+                                    gpu_device(args),
                                     config_param(config, "small_batch_threads", int, 0),
                                     config_param(config, "small_batch_rows", int, 0))
 
