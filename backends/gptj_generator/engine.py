@@ -21,6 +21,7 @@ from typing import Callable, Protocol, Sequence
 import torch
 from transformers import DynamicCache
 
+from gptj_generator.kv_cache import growing_cache
 from gptj_generator.request_checks import check_lengths, check_stop_words
 from gptj_generator.sampling import SamplingParams, sample
 from gptj_generator.text_stream import TextStream
@@ -74,7 +75,7 @@ class _Prefill:
     seqs: list[_Sequence]
     ids: torch.Tensor  # [rows, width]
     mask: torch.Tensor  # [rows, width]: 1 = real token, 0 = left padding
-    cache: DynamicCache = field(default_factory=DynamicCache)
+    cache: DynamicCache = field(default_factory=growing_cache)
     fed: int = 0  # columns already in the cache
 
 
