@@ -6,6 +6,7 @@ import pytest
 
 import fake_pb_utils as pb
 from stage_common.errors import BadInput, decode_utf8
+from stage_common.isolation import each_alone_on_failure
 from stage_common.params import config_param, runtime_params
 from stage_common.triton_io import execute_batched, text_rows
 
@@ -83,6 +84,24 @@ class _Request:
     def is_cancelled(self) -> bool:
         self.asked += 1
         return self.cancelled
+
+
+def test_each_alone_on_failure_fails_only_the_item_that_breaks_the_shared_call():
+    calls = []
+
+    def compute(batch):
+        calls.append(list(batch))
+        if "poison" in batch:
+            raise ValueError("cannot compute poison")
+        return [item.upper() for item in batch]
+
+    assert each_alone_on_failure(compute, ["a", "b"]) == ["A", "B"] and calls == [["a", "b"]]
+    calls.clear()
+    results = each_alone_on_failure(compute, ["a", "poison", "c"])
+    assert results[0] == "A" and results[2] == "C" and isinstance(results[1], ValueError)
+    assert calls == [["a", "poison", "c"], ["a"], ["poison"], ["c"]]
+    with pytest.raises(ValueError):  # alone already: its own error, as it is
+        each_alone_on_failure(compute, ["poison"])
 
 
 def test_bls_iterators_are_dropped_only_after_the_stubs_round_trip():

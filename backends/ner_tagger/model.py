@@ -7,6 +7,7 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from ner_tagger.rows import Bounds, sentence_rows  # noqa: E402
 from ner_tagger.runtimes import has_onnx, make_tagger  # noqa: E402
+from stage_common.isolation import each_alone_on_failure  # noqa: E402
 from stage_common.params import config_param, runtime_params  # noqa: E402
 from stage_common.triton_io import (execute_batched, gpu_device, input_array, load_model_config,  # noqa: E402
                                     version_dir)
@@ -37,16 +38,4 @@ class TritonPythonModel:
             respond=lambda _inputs, emissions: [pb_utils.Tensor("emissions", emissions)])
 
     def _emissions(self, batch):
-        try:
-            return self.runner.emissions_per_request(batch, self.chars_per_forward)
-        except Exception:  # noqa: BLE001
-            if len(batch) == 1:
-                raise
-        # something in one request broke the shared forward: run each alone, so that only it fails
-        results = []
-        for request in batch:
-            try:
-                results.append(self.runner.emissions_per_request([request], self.chars_per_forward)[0])
-            except Exception as exc:  # noqa: BLE001
-                results.append(exc)
-        return results
+        return each_alone_on_failure(lambda rows: self.runner.emissions_per_request(rows, self.chars_per_forward), batch)
