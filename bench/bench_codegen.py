@@ -302,6 +302,45 @@ def sized_load_test(ctx) -> list[dict]:
         return rows
 
 
+def decode_step_figures(repository: Path, rows: int = 16, cached: tuple[int, ...] = (128, 512, 1024),
+                        steps: int = 7) -> None:
+    """In-process, the sized generator's decode step (one token for each of `rows` sequences) over a
+    cache already holding `cached` tokens, with the engine's in-place cache and with transformers'
+    DynamicCache (torch.cat per step); median of `steps`. The cache is filled with random keys and
+    values: a step's cost does not depend on their values."""
+    import torch
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    from gptj_generator.kv_cache import growing_cache
+
+    torch.set_num_threads(2)
+    model = AutoModelForCausalLM.from_pretrained(str(repository / "codegen_generator" / "1")).eval()
+    config = model.config
+    shape = (rows, config.n_head, 0, config.n_embd // config.n_head)
+    print(f"decode step in-process, {SIZED} GPT-J, {rows} rows, 2 threads (median of {steps}):", flush=True)
+    with torch.inference_mode():
+        for length in cached:
+            caches = {"in-place": growing_cache(), "torch.cat": DynamicCache()}
+            for cache in caches.values():
+                for layer in range(config.n_layer):
+                    cache.update(torch.randn(*shape[:2], length, shape[3]), torch.randn(*shape[:2], length, shape[3]), layer)
+            token = torch.zeros(rows, 1, dtype=torch.long)
+            samples: dict[str, list[float]] = {name: [] for name in caches}
+            for step in range(steps + 1):  # the first is a warm-up; the two caches alternate (a noisy box)
+                mask = torch.ones(rows, length + step + 1, dtype=torch.long)
+                for name, cache in caches.items():
+                    start = time.perf_counter()
+                    hidden = model.transformer(input_ids=token, attention_mask=mask, past_key_values=cache,
+                                               position_ids=torch.full((rows, 1), length + step),
+                                               use_cache=True).last_hidden_state
+                    model.lm_head(hidden[:, -1])
+                    samples[name].append(time.perf_counter() - start)
+            times = {name: statistics.median(values[1:]) * 1e3 for name, values in samples.items()}
+            del caches
+            print(f"  {length} tokens cached: in-place {times['in-place']:.0f} ms, torch.cat {times['torch.cat']:.0f} ms "
+                  f"({times['torch.cat'] / times['in-place']:.2f}x)", flush=True)
+
+
 def run(ctx) -> None:
     print("-- demo GPT-J (3 layers, 128 wide): the model the tests use", flush=True)
     rows = load_test(ctx.grpc_url, metrics_url(ctx), ctx, (8, 128) if ctx.quick else LENGTHS, step_seconds=0.004)
@@ -324,4 +363,6 @@ def run(ctx) -> None:
     sized = sized_load_test(ctx)
     print()
     print_goals(sized, f"{SIZED} GPT-J")
+    print(flush=True)
+    decode_step_figures(sized_repository(SIZED))  # after its server stopped: the cores are free
     print(flush=True)
