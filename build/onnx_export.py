@@ -3,7 +3,17 @@
 `make model` calls this for every encoder the stages can run with ONNX Runtime; the largest absolute
 difference to torch on a padded batch of mixed lengths is printed and must stay under `tolerance`.
 BLIP's captioner is exported as two graphs (vision, and a text decoder with a key/value cache) for a
-greedy loop in numpy, checked the same way."""
+greedy loop in numpy, checked the same way. A CLIPModel is exported as its two towers (text.onnx,
+image.onnx), checked the same way.
+
+The gateway exports the models it registers at run time through the command line below, in a
+subprocess (the gateway process never imports torch):
+
+    python -m build.onnx_export {encoder,clip} MODEL_DIR OUT_DIR [--tolerance T]
+
+It writes the graphs into OUT_DIR and prints one JSON line, {"files": [...], "max_abs_diff": ...};
+exit status 2 when the model cannot be exported or differs from torch by more than T (the bad graphs
+deleted), 1 on any other failure."""
 from __future__ import annotations
 
 import json
@@ -268,3 +278,154 @@ def _check_blip(reference, vision_path: Path, decoder_path: Path, names: dict[st
             new = logits.argmax(-1)[:, None].astype(np.int64)
             sequence = np.concatenate([sequence, new], axis=1)
     return diff
+
+
+# ---------------------------------------------------------------- CLIP
+
+CLIP_FILES = ("text.onnx", "image.onnx")
+
+
+def _clip_text_batch(text_config, lengths: list[int], rng) -> tuple[np.ndarray, np.ndarray]:
+    """Token rows as a CLIP tokenizer makes them: each ends with the end-of-text token and is right-padded
+    with it (CLIP pads with <|endoftext|>). transformers pools at the first `eos_token_id`, or, for configs
+    with the legacy eos_token_id 2, at the largest id of the row (the real end-of-text is the last id of
+    the vocabulary): the rows end with that id then."""
+    vocab = int(text_config.vocab_size)
+    legacy = text_config.eos_token_id == 2
+    end = vocab - 1 if legacy else int(text_config.eos_token_id)
+    ids = np.full((len(lengths), max(lengths)), end, dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for row, n in enumerate(lengths):
+        body = rng.integers(0, vocab - 1 if legacy else vocab, n - 1)
+        if not legacy:
+            body[body == end] = (end + 1) % vocab
+        ids[row, : n - 1] = body
+        mask[row, :n] = 1
+    return ids, mask
+
+
+def _clip_text_probes(text_config, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Batches of lengths from 2 to the longest allowed, with and without padding, so the pooling at each
+    row's end-of-text token is checked at every kind of position."""
+    rng = np.random.default_rng(seed)
+    longest = int(text_config.max_position_embeddings)
+    return [_clip_text_batch(text_config, lengths, rng)
+            for lengths in ([2, 9, min(33, longest), longest], [5], [12, 12, 12], [longest, 3])]
+
+
+def export_clip(model_dir: Path, out_dir: Path, tolerance: float = 1e-4) -> dict[str, float]:
+    """model_dir (transformers CLIPModel folder) -> out_dir/text.onnx and out_dir/image.onnx:
+
+    text.onnx   input_ids, attention_mask [batch, sequence] int64 -> text_embeds [batch, projection_dim]:
+                CLIPModel.get_text_features (text tower, pooled at each row's end-of-text token, projection)
+    image.onnx  pixel_values [batch, 3, size, size] float32 -> image_embeds [batch, projection_dim]:
+                CLIPModel.get_image_features (the vision tower's position embeddings fix the image size)
+
+    Dynamic batch (and sequence) axes. Returns the max abs difference of each graph's output to torch's
+    (the model as the torch runtime loads it) over token batches of lengths 2..max_position_embeddings
+    with padding, and image batches of 1 and 3; above `tolerance` both graphs are deleted."""
+    import gc
+
+    import onnxruntime as ort
+    import torch
+    from transformers import CLIPModel
+
+    rng = np.random.default_rng(0)
+    reference = CLIPModel.from_pretrained(str(model_dir)).eval()
+    config = reference.config
+    size = int(config.vision_config.image_size)
+    text_probes = _clip_text_probes(config.text_config)
+    image_probes = [rng.standard_normal((n, 3, size, size)).astype(np.float32) for n in (3, 1)]
+    with torch.inference_mode():
+        text_refs = [reference.get_text_features(input_ids=torch.from_numpy(ids),
+                                                 attention_mask=torch.from_numpy(mask)).numpy()
+                     for ids, mask in text_probes]
+        image_refs = [reference.get_image_features(pixel_values=torch.from_numpy(p)).numpy() for p in image_probes]
+    del reference
+    gc.collect()
+    # eager attention traces to plain ops (sdpa's mask handling does not export cleanly)
+    model = CLIPModel.from_pretrained(str(model_dir), attn_implementation="eager").eval()
+
+    class Text(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask):
+            return self.model.get_text_features(input_ids=input_ids, attention_mask=attention_mask)
+
+    class Image(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, pixel_values):
+            return self.model.get_image_features(pixel_values=pixel_values)
+
+    text_path, image_path = out_dir / CLIP_FILES[0], out_dir / CLIP_FILES[1]
+    # traced on a padded batch of 2 whose shape is no probe's: the checks show the graph did not keep it
+    trace_ids, trace_mask = _clip_text_batch(config.text_config, [7, 3], rng)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.no_grad():
+            torch.onnx.export(Text(), (torch.from_numpy(trace_ids), torch.from_numpy(trace_mask)), str(text_path),
+                              input_names=["input_ids", "attention_mask"], output_names=["text_embeds"],
+                              dynamic_axes={"input_ids": {0: "batch", 1: "sequence"},
+                                            "attention_mask": {0: "batch", 1: "sequence"}, "text_embeds": {0: "batch"}},
+                              opset_version=OPSET, dynamo=False)
+            torch.onnx.export(Image(), (torch.from_numpy(image_probes[0][:2]),), str(image_path),
+                              input_names=["pixel_values"], output_names=["image_embeds"],
+                              dynamic_axes={"pixel_values": {0: "batch"}, "image_embeds": {0: "batch"}},
+                              opset_version=OPSET, dynamo=False)
+    text = ort.InferenceSession(str(text_path), providers=["CPUExecutionProvider"])
+    image = ort.InferenceSession(str(image_path), providers=["CPUExecutionProvider"])
+    diffs = {
+        "text": max(float(np.abs(text.run(None, {"input_ids": ids, "attention_mask": mask})[0] - ref).max())
+                    for (ids, mask), ref in zip(text_probes, text_refs)),
+        "image": max(float(np.abs(image.run(None, {"pixel_values": p})[0] - ref).max())
+                     for p, ref in zip(image_probes, image_refs)),
+    }
+    if not max(diffs.values()) <= tolerance:
+        text_path.unlink(missing_ok=True)
+        image_path.unlink(missing_ok=True)
+        raise SystemExit(f"{out_dir}: CLIP ONNX differs from torch by {diffs} (> {tolerance:.0e})")
+    return diffs
+
+
+# ---------------------------------------------------------------- command line (the gateway's subprocess)
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import sys
+    import time
+
+    parser = argparse.ArgumentParser(description="Export a model for the ONNX Runtime path and check it against torch.")
+    parser.add_argument("kind", choices=("encoder", "clip"))
+    parser.add_argument("model_dir", type=Path)
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--tolerance", type=float, default=1e-4)
+    args = parser.parse_args(argv)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    try:
+        if args.kind == "clip":
+            diff = export_clip(args.model_dir, args.out_dir, args.tolerance)
+            files = list(CLIP_FILES)
+        else:
+            diff = export_encoder(args.model_dir, args.out_dir / "model.onnx", args.tolerance)
+            files = ["model.onnx"]
+    except ImportError as exc:  # the environment, not the model: worth retrying once fixed
+        print(f"cannot export: {exc}", file=sys.stderr)
+        return 1
+    except SystemExit as exc:  # differs from torch by more than the tolerance
+        print(str(exc.code), file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - the model does not export (architecture, size, ...)
+        print(f"export failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({"files": files, "max_abs_diff": diff, "seconds": round(time.monotonic() - started, 2)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -50,6 +50,8 @@ class ModelRegistry:
         self._lock = asyncio.Lock()
         self.loads_started = 0  # generate + Triton load runs, for tests and logs
         self._tasks: set[asyncio.Task] = set()
+        self.export = modelgen.ExportOptions(enabled=settings.onnx_export, timeout_s=settings.onnx_export_timeout_s,
+                                             tolerance=settings.onnx_export_tolerance, cache_dir=settings.onnx_cache)
 
     # ---- start / stop -------------------------------------------------------------------------
     @property
@@ -85,6 +87,7 @@ class ModelRegistry:
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
+        modelgen.onnx_cache.stop_exports()  # a generate thread must not keep the process alive until it ends
 
     def _save(self) -> None:
         models = [{"model_name": e.key[0], "pretrained": e.key[1], "kind": e.kind}
@@ -180,12 +183,13 @@ class ModelRegistry:
             self.loads_started += 1
             await self._make_room(entry)
             source = await asyncio.to_thread(modelgen.resolve_source, name, pretrained, entry.kind, self.settings.model_roots)
-            spec = await asyncio.to_thread(modelgen.generate, name, pretrained, entry.kind, source, self.repository)
+            spec = await asyncio.to_thread(modelgen.generate, name, pretrained, entry.kind, source, self.repository,
+                                           export=self.export)
             started = time.monotonic()
             for ensemble in spec.ensembles:  # Triton loads an ensemble's composing models with it
                 await self.engine.load(ensemble)
-            log.info("model %s loaded into Triton as %s in %.1fs", entry.label, ", ".join(spec.ensembles),
-                     time.monotonic() - started)
+            log.info("model %s loaded into Triton as %s in %.1fs (encoder on %s)", entry.label,
+                     ", ".join(spec.ensembles), time.monotonic() - started, spec.runtime)
             entry.spec, entry.state = spec, "ready"
             entry.idle.set()
             self._save()

@@ -25,6 +25,15 @@ def _paths(value: str) -> tuple[Path, ...]:
     return tuple(Path(p).expanduser().resolve() for p in value.split(os.pathsep) if p)
 
 
+def _flag(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {value!r}")
+
+
 def _words(value: str) -> tuple[str, ...]:
     return tuple(w.strip().lower() for w in value.split(",") if w.strip())
 
@@ -63,12 +72,24 @@ class Settings:
     completions_max_tokens: int = 512
     completions_max_n: int = 8
     completions_max_sequences: int = 64
+    # runtime-loaded encoders (sentence-transformers, CLIP towers) exported to ONNX at registration, in a
+    # subprocess bounded by onnx_export_timeout_s, cached per weights in onnx_cache_dir (default
+    # DATA_DIR/onnx_cache); off, failed or over the tolerance: that model runs on torch
+    onnx_export: bool = True
+    onnx_export_timeout_s: float = 900.0
+    onnx_export_tolerance: float = 1e-4
+    onnx_cache_dir: Path | None = None
     extra: dict = field(default_factory=dict)
 
     @property
     def generated_repository(self) -> Path:
         """Model folders generated for runtime-loaded models: Triton's second --model-repository."""
         return self.data_dir / "triton_models"
+
+    @property
+    def onnx_cache(self) -> Path:
+        """Exported graphs of runtime-loaded models, per weights (outside the repository Triton reads)."""
+        return self.onnx_cache_dir or self.data_dir / "onnx_cache"
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "Settings":
@@ -103,4 +124,8 @@ class Settings:
             completions_max_tokens=int(get("COMPLETIONS_MAX_TOKENS", d.completions_max_tokens)),
             completions_max_n=int(get("COMPLETIONS_MAX_N", d.completions_max_n)),
             completions_max_sequences=int(get("COMPLETIONS_MAX_SEQUENCES", d.completions_max_sequences)),
+            onnx_export=_flag(get("ONNX_EXPORT", "1")),
+            onnx_export_timeout_s=float(get("ONNX_EXPORT_TIMEOUT_S", d.onnx_export_timeout_s)),
+            onnx_export_tolerance=float(get("ONNX_EXPORT_TOLERANCE", d.onnx_export_tolerance)),
+            onnx_cache_dir=Path(get("ONNX_CACHE_DIR")).expanduser().resolve() if get("ONNX_CACHE_DIR") else None,
         )

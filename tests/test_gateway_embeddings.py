@@ -47,6 +47,15 @@ def test_v1_embeddings_equal_sentence_transformers(served, model):
     assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] > len(TEXTS)
 
 
+def test_registered_encoders_run_on_onnx_runtime(served, data_dir):
+    """The gateway exported each registered model's encoder (in a subprocess, cached in DATA_DIR/onnx_cache)
+    and /loaded_models says which runtime serves it."""
+    listed = {m["model_name"]: m for m in served.http.get("/loaded_models").json()["models"]}
+    for name in (CLIP_DEMO, ST_CLS_DEMO, minilm_path(), MINILM):
+        assert listed[name]["runtime"] == "onnx", listed[name]
+    assert list((data_dir / "onnx_cache").glob("*/text.onnx")) and list((data_dir / "onnx_cache").glob("*/model.onnx"))
+
+
 def test_infer_equals_sentence_transformers_and_base64_is_the_same_floats(served):
     reference = st_reference(minilm_path(), TEXTS[:3])
     r = served.http.post("/infer", json={"model_name": MINILM, "text": TEXTS[:3]})

@@ -95,3 +95,23 @@ def test_a_request_that_breaks_the_shared_tagger_forward_fails_alone(caplog):
     alone = tagger.execute([pb.InferenceRequest({k: good[1][k] for k in keys})])[0]
     np.testing.assert_allclose(responses[2].output("emissions"), alone.output("emissions"), atol=1e-5)
     assert_internal_with_id_only(responses[1], caplog, "secret shape mismatch")
+
+
+def test_a_request_that_breaks_the_shared_encoder_forward_fails_alone(caplog):
+    """The text encoder too: a batch whose forward raises is run again request by request."""
+    caplog.set_level(logging.ERROR, logger="stage")
+    encoder = load_python_model("text_embedding_encoder")
+    real = encoder.encoder.forward
+
+    def fragile(ids, mask):
+        if (ids == 7).any():  # stands for an input the model cannot take
+            raise RuntimeError("secret kernel failure")
+        return real(ids, mask)
+
+    encoder.encoder.forward = fragile
+    rows = [np.array([[101, 2000, 2003, 102]]), np.array([[101, 7, 102]]), np.array([[101, 3000, 102]])]
+    responses = encoder.execute([pb.InferenceRequest({"input_ids": r, "attention_mask": np.ones_like(r)}) for r in rows])
+    assert not responses[0].has_error() and not responses[2].has_error()
+    (alone,) = encoder.execute([pb.InferenceRequest({"input_ids": rows[2], "attention_mask": np.ones_like(rows[2])})])
+    np.testing.assert_allclose(responses[2].output("token_embeddings"), alone.output("token_embeddings"), atol=1e-5)
+    assert_internal_with_id_only(responses[1], caplog, "secret kernel failure")

@@ -1,7 +1,9 @@
 """Generated models served by a live Triton (no gateway): the sentence-transformers ensembles equal
 SentenceTransformer.encode, the CLIP text and image ensembles equal CLIPModel.get_text_features /
 get_image_features with CLIPProcessor, for rows of different lengths and sizes in one request and across
-concurrent requests. Model names start with './' so they never collide with the gateway tests' models."""
+concurrent requests. Their encoders run on ONNX Runtime (exported at generation, as at registration);
+a model whose export fails is served on torch, equally. Model names start with './' so they never
+collide with the gateway tests' models."""
 from __future__ import annotations
 
 import io
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gateway.modelgen import generate, resolve_source
+from gateway.modelgen import ExportOptions, generate, onnx_cache, resolve_source
 from gateway.settings import default_model_roots
 from gateway_helpers import CLIP_DEMO, ST_CLS_DEMO, minilm_path, normalized, png_bytes
 from model_configs import ROOT
@@ -44,11 +46,21 @@ def local_name(path: str) -> str:
     return path if relative.startswith("..") else "./" + relative
 
 
-def served(triton, data_dir, name: str, kind: str):
-    source = resolve_source(name, None, kind, default_model_roots())
-    spec = generate(name, None, kind, source, data_dir / "triton_models")
+def served(triton, data_dir, name: str, kind: str, export: ExportOptions | None = None, source=None):
+    source = source or resolve_source(name, None, kind, default_model_roots())
+    spec = generate(name, None, kind, source, data_dir / "triton_models", export)
     triton.load(*spec.ensembles)
     return spec
+
+
+def encoder_runtime(data_dir, spec) -> str:
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    (encoder,) = [m for m in spec.triton_models if m.endswith("_encoder")]
+    config = model_config_pb2.ModelConfig()
+    text_format.Parse((data_dir / "triton_models" / encoder / "config.pbtxt").read_text(), config)
+    return config.parameters["runtime"].string_value
 
 
 def infer(client, model: str, input_name: str, rows: list) -> np.ndarray:
@@ -80,6 +92,7 @@ def test_sentence_transformer_ensemble_equals_encode(triton, data_dir, model):
 
     path = minilm_path() if model == "minilm" else str(ROOT / model)
     spec = served(triton, data_dir, local_name(path), "sentence_transformer")
+    assert spec.runtime == encoder_runtime(data_dir, spec) == "onnx"
     reference = SentenceTransformer(path, device="cpu").encode(TEXTS, normalize_embeddings=True)
     got = infer(triton.client, spec.text_model, "text", TEXTS)
     assert got.shape == (len(TEXTS), spec.dimension) and got.dtype == np.float32
@@ -99,6 +112,7 @@ def clip(triton, data_dir):
 
     path = str(ROOT / CLIP_DEMO)
     spec = served(triton, data_dir, local_name(path), "clip")
+    assert spec.runtime == encoder_runtime(data_dir, spec) == "onnx"
     return spec, CLIPModel.from_pretrained(path).eval(), CLIPProcessor.from_pretrained(path)
 
 
@@ -175,3 +189,56 @@ def test_undecodable_image_fails_its_own_request_only(triton, clip):
     got = infer(triton.client, spec.image_model, "image", IMAGES[:1])
     np.testing.assert_allclose(normalized(got), normalized(clip_image_reference(model, processor, IMAGES[:1])),
                                atol=1e-5)
+
+
+# ---- the runtime each registration gets
+
+def test_registering_the_same_clip_again_exports_nothing(triton, data_dir, clip):
+    """Another name for the same weights (a second registration, or the next start): the graphs come from
+    the cache beside the repository, and the new models serve the same features."""
+    spec, model, processor = clip
+    cache = data_dir / "onnx_cache"
+    records = {p: p.stat().st_mtime_ns for p in cache.glob("*/export.json")}
+    before = onnx_cache.exports_started
+    again = served(triton, data_dir, "clip demo, registered again", "clip", source=ROOT / CLIP_DEMO)
+    assert onnx_cache.exports_started == before and again.runtime == "onnx"
+    assert {p: p.stat().st_mtime_ns for p in cache.glob("*/export.json")} == records, "nothing rewritten"
+    np.testing.assert_allclose(normalized(infer(triton.client, again.text_model, "text", CLIP_TEXTS)),
+                               normalized(clip_text_reference(model, processor, CLIP_TEXTS)), atol=1e-5)
+
+
+def test_the_cache_is_not_in_the_repository_triton_reads(triton, data_dir, clip):
+    """Triton takes every folder of a repository for a model: the generated repository holds model
+    folders only (the graphs are linked in from DATA_DIR/onnx_cache)."""
+    names = {m.name for m in triton.client.get_model_repository_index().models}
+    folders = {p.name for p in (data_dir / "triton_models").iterdir()}
+    assert folders <= names and not [f for f in folders if f.startswith(".")]
+    assert all((data_dir / "triton_models" / f / "config.pbtxt").is_file() for f in folders)
+
+
+@pytest.mark.parametrize("kind", ["clip", "sentence_transformer"])
+def test_a_failed_export_is_served_on_torch_equally(triton, data_dir, tmp_path, kind):
+    """An export that exceeds its tolerance (here any difference does) leaves the model on torch: the
+    registration succeeds and the ensembles give the reference outputs."""
+    failing = ExportOptions(cache_dir=tmp_path / "cache", tolerance=-1.0)
+    folder = ROOT / (CLIP_DEMO if kind == "clip" else ST_CLS_DEMO)
+    spec = served(triton, data_dir, f"{folder.name} on torch", kind, failing, source=folder)
+    assert spec.runtime == encoder_runtime(data_dir, spec) == "torch"
+    if kind == "clip":
+        from transformers import CLIPModel, CLIPProcessor
+
+        model, processor = CLIPModel.from_pretrained(str(folder)).eval(), CLIPProcessor.from_pretrained(str(folder))
+        got = infer(triton.client, spec.text_model, "text", CLIP_TEXTS)
+        np.testing.assert_allclose(normalized(got), normalized(clip_text_reference(model, processor, CLIP_TEXTS)),
+                                   atol=1e-5)
+        got = infer(triton.client, spec.image_model, "image", IMAGES)
+        np.testing.assert_allclose(normalized(got), normalized(clip_image_reference(model, processor, IMAGES)),
+                                   atol=1e-5)
+    else:
+        from sentence_transformers import SentenceTransformer
+
+        reference = SentenceTransformer(str(folder), device="cpu").encode(TEXTS, normalize_embeddings=True)
+        np.testing.assert_allclose(normalized(infer(triton.client, spec.text_model, "text", TEXTS)), reference,
+                                   atol=1e-5)
+    for ensemble in spec.ensembles:  # its torch stub's memory back for the tests after this one
+        triton.client.unload_model(ensemble, unload_dependents=True)

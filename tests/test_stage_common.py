@@ -1,11 +1,13 @@
 """The shared adapter: typed parameters and per-request error isolation."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 import fake_pb_utils as pb
-from stage_common.errors import BadInput, decode_utf8
+from stage_common.errors import BadInput, check_token_rows, decode_utf8
 from stage_common.isolation import each_alone_on_failure
 from stage_common.params import config_param, runtime_params
 from stage_common.triton_io import execute_batched, text_rows
@@ -126,3 +128,15 @@ def test_bls_iterators_are_dropped_only_after_the_stubs_round_trip():
     del second
     gc.collect()
     assert live.asked == 1 and refs[0]() is None and refs[1]() is None
+
+
+def test_check_token_rows_refuses_what_would_break_a_shared_forward():
+    ids, mask = np.array([[1, 2, 3], [4, 5, 0]]), np.array([[1, 1, 1], [1, 1, 0]])
+    check_token_rows(ids, mask, 10, 3)  # fine
+    check_token_rows(ids, mask, None, None)  # nothing known: only the shapes
+    for bad_ids, bad_mask, vocab, positions, words in [
+            (ids, mask[:, :2], 10, 3, "differ in shape"), (ids[0], mask[0], 10, 3, "[rows, tokens]"),
+            (ids, np.array([[1, 1, 1], [0, 0, 0]]), 10, 3, "at least one token"),
+            (ids, mask, 5, 3, "[0, 5)"), (-ids, mask, 10, 3, "[0, 10)"), (ids, mask, 10, 2, "3, over the limit of 2")]:
+        with pytest.raises(BadInput, match=re.escape(words)):
+            check_token_rows(bad_ids, bad_mask, vocab, positions)

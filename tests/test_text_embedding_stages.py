@@ -75,6 +75,24 @@ def test_tokenizer_model_fails_only_the_bad_request():
     assert "not valid UTF-8" in second.error().message()
 
 
+def test_encoder_refuses_ids_outside_the_vocabulary_and_rows_over_512_tokens_per_request():
+    """Either would make the shared forward raise for every batch-mate: refused before it runs."""
+    enc = load_python_model("text_embedding_encoder")
+    ids, mask = np.array([[101, 2000, 102]], np.int64), np.ones((1, 3), np.int64)
+    responses = enc.execute([pb.InferenceRequest({"input_ids": ids, "attention_mask": mask}),
+                             pb.InferenceRequest({"input_ids": np.array([[101, 30522]], np.int64),
+                                                  "attention_mask": np.ones((1, 2), np.int64)}),
+                             pb.InferenceRequest({"input_ids": np.array([[-1, 5]], np.int64),
+                                                  "attention_mask": np.ones((1, 2), np.int64)}),
+                             pb.InferenceRequest({"input_ids": np.full((1, 513), 100, np.int64),
+                                                  "attention_mask": np.ones((1, 513), np.int64)})])
+    assert [r.has_error() for r in responses] == [False, True, True, True]
+    assert all(r.error().code() == pb.TritonError.INVALID_ARG for r in responses[1:])
+    assert "[0, 30522)" in responses[1].error().message() and "[0, 30522)" in responses[2].error().message()
+    assert "513, over the limit of 512" in responses[3].error().message()
+    assert responses[0].output("token_embeddings").shape == (1, 3, 384)
+
+
 def test_encoder_batches_requests_of_different_lengths(reference):
     enc = load_python_model("text_embedding_encoder")
     tokenizer = TextTokenizer(MODEL_REPOSITORY / "text_embedding_tokenizer" / "1" / "tokenizer.json", 256)

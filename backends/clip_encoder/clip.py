@@ -1,15 +1,21 @@
-"""Both towers of a transformers CLIPModel in one process: text rows and images from many requests,
-each modality in one forward, giving the projected features (what get_text/image_features return)."""
+"""Both towers of a CLIP model in one process: text rows and images from many requests, each modality in
+one forward, giving the projected features (what CLIPModel.get_text/image_features return).
+
+Two runtimes compute the same features: ONNX Runtime over text.onnx and image.onnx (onnx_clip.py; exported
+and checked against torch when the gateway registers the model, build/onnx_export.py `export_clip`; no
+torch or transformers in the stub) and torch over the transformers folder (torch_clip.py).
+`make_towers` picks one from the model's `runtime` parameter. Imports neither torch nor transformers."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
-import torch
-from transformers import CLIPModel
 
 from transformer_encoder.encoder import pad_together
+
+ONNX_FILES = ("text.onnx", "image.onnx")
 
 
 @dataclass
@@ -23,22 +29,25 @@ class ImageRows:
     pixel_values: np.ndarray  # [rows, 3, H, W]
 
 
+class Towers(Protocol):
+    dimension: int
+    image_shape: tuple[int, int, int]  # (3, H, W) the vision tower takes
+
+    def text_features(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray: ...
+
+    def image_features(self, pixel_values: np.ndarray) -> np.ndarray: ...
+
+
 class ClipTowers:
-    def __init__(self, model_dir: Path, device: torch.device):
-        self.device = device
-        self.model = CLIPModel.from_pretrained(str(model_dir)).to(device).eval()
-        self.dimension = self.model.config.projection_dim
+    def __init__(self, towers: Towers):
+        self.towers = towers
+        self.dimension, self.image_shape = towers.dimension, tuple(towers.image_shape)
 
-    @torch.inference_mode()
     def text_features(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        out = self.model.get_text_features(input_ids=torch.from_numpy(input_ids).to(self.device),
-                                           attention_mask=torch.from_numpy(attention_mask).to(self.device))
-        return out.float().cpu().numpy()
+        return self.towers.text_features(input_ids, attention_mask)
 
-    @torch.inference_mode()
     def image_features(self, pixel_values: np.ndarray) -> np.ndarray:
-        out = self.model.get_image_features(pixel_values=torch.from_numpy(pixel_values).to(self.device))
-        return out.float().cpu().numpy()
+        return self.towers.image_features(pixel_values)
 
     def encode_per_request(self, requests: list[TextRows | ImageRows]) -> list[np.ndarray]:
         """[rows_i, dimension] per request: the text rows of all requests padded into one forward, the
@@ -48,8 +57,8 @@ class ClipTowers:
         texts = [(i, r) for i, r in enumerate(requests) if isinstance(r, TextRows)]
         images = [(i, r) for i, r in enumerate(requests) if isinstance(r, ImageRows)]
         if texts:
-            ids = pad_together([r.input_ids for _, r in texts])
-            mask = pad_together([r.attention_mask for _, r in texts])
+            ids = pad_together([r.input_ids.astype(np.int64, copy=False) for _, r in texts])
+            mask = pad_together([r.attention_mask.astype(np.int64, copy=False) for _, r in texts])
             self._scatter(self.text_features(ids, mask), texts, results)
         if images:
             pixels = np.concatenate([r.pixel_values for _, r in images]).astype(np.float32, copy=False)
@@ -63,3 +72,24 @@ class ClipTowers:
             n = (request.input_ids if isinstance(request, TextRows) else request.pixel_values).shape[0]
             results[i] = features[row:row + n]
             row += n
+
+
+def has_onnx(model_dir: Path) -> bool:
+    """Whether the model's folder holds the exported towers (the gateway links them in at registration)."""
+    return all((Path(model_dir) / name).is_file() for name in ONNX_FILES)
+
+
+def make_towers(model_dir: Path, runtime: str, threads: int, gpu_device: int | None = None) -> ClipTowers:
+    """runtime "onnx" (text.onnx + image.onnx, ONNX Runtime; CUDA provider on a GPU instance when
+    present) or "torch" (the transformers CLIPModel folder); gpu_device set when Triton placed the
+    instance on a GPU."""
+    if runtime == "onnx":
+        from clip_encoder.onnx_clip import OnnxClip
+
+        return ClipTowers(OnnxClip(model_dir, threads, gpu_device is not None, gpu_device or 0))
+    if runtime == "torch":
+        from clip_encoder.torch_clip import TorchClip
+        from stage_common.torch_runtime import torch_device
+
+        return ClipTowers(TorchClip(model_dir, torch_device(threads, gpu_device)))
+    raise ValueError(f"runtime must be 'onnx' or 'torch', not {runtime!r}")

@@ -43,3 +43,20 @@ def internal_error_message(exc: BaseException, where: str = "") -> str:
     _log.error("internal error %s%s: %s", error_id, f" in {where}" if where else "",
                "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip())
     return f"internal error (id {error_id}, see the server log)"
+
+
+def check_token_rows(ids: np.ndarray, mask: np.ndarray, vocab_size: int | None, max_positions: int | None) -> None:
+    """A direct caller's input_ids + attention_mask [rows, length]: same shape, a token in every row, ids
+    inside the vocabulary and rows no longer than the position embeddings. Either of the last two would
+    make the whole shared forward raise (an index out of range), so they are refused per request first."""
+    if ids.shape != mask.shape:
+        raise BadInput(f"input_ids {ids.shape} and attention_mask {mask.shape} differ in shape")
+    if ids.ndim != 2:
+        raise BadInput(f"input_ids must be [rows, tokens], not {list(ids.shape)}")
+    if ids.size and (mask.sum(axis=1) == 0).any():
+        raise BadInput("every row needs at least one token (attention_mask all zero)")
+    if vocab_size is not None and ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise BadInput(f"input_ids must lie in [0, {vocab_size}) (the model's vocabulary); got "
+                       f"{int(ids.min())}..{int(ids.max())}")
+    if max_positions is not None:
+        check_limit(ids.shape[1], max_positions, "the token count of a row", "the model's max_position_embeddings")

@@ -1,3 +1,4 @@
+import json
 import sys
 from pathlib import Path
 
@@ -5,18 +6,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from stage_common.errors import BadInput  # noqa: E402
+from stage_common.errors import check_token_rows  # noqa: E402
+from stage_common.isolation import each_alone_on_failure  # noqa: E402
 from stage_common.params import config_param, runtime_params  # noqa: E402
 from stage_common.triton_io import execute_batched, gpu_device, input_array, load_model_config, version_dir  # noqa: E402
 from transformer_encoder.encoder import ONNX_FILE, make_encoder  # noqa: E402
 
 
-def _parse(request):
+def _parse(request, vocab_size, max_positions):
     ids, mask = input_array(request, "input_ids"), input_array(request, "attention_mask")
-    if ids.shape != mask.shape:
-        raise BadInput(f"input_ids {ids.shape} and attention_mask {mask.shape} differ in shape")
-    if ids.size and (mask.sum(axis=1) == 0).any():
-        raise BadInput("every row needs at least one token (attention_mask all zero)")
+    check_token_rows(ids, mask, vocab_size, max_positions)
     return ids, mask
 
 
@@ -31,7 +30,13 @@ class TritonPythonModel:
                                     gpu_device(args),
                                     config_param(config, "small_batch_threads", int, 0),
                                     config_param(config, "small_batch_rows", int, 0))
+        # an id outside the vocabulary or a row longer than the position embeddings would fail the whole
+        # shared forward: refused per request (INVALID_ARGUMENT) before it runs
+        model_config = json.loads((folder / "config.json").read_text())
+        self.vocab_size = model_config.get("vocab_size")
+        self.max_positions = model_config.get("max_position_embeddings")
 
     def execute(self, requests):
-        return execute_batched(requests, parse=_parse, compute=self.encoder.encode_per_request,
+        return execute_batched(requests, parse=lambda request: _parse(request, self.vocab_size, self.max_positions),
+                               compute=lambda batch: each_alone_on_failure(self.encoder.encode_per_request, batch),
                                respond=lambda _inputs, hidden: [pb_utils.Tensor("token_embeddings", hidden)])

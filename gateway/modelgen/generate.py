@@ -2,6 +2,11 @@
 repository: the pipelines' generic stages (text_tokenizer, transformer_encoder, mean_pooling,
 image_preprocess, clip_encoder) configured from the model's own files, and one ensemble per modality.
 
+The encoder (a sentence-transformers model's transformer, or both CLIP towers) is exported to ONNX first,
+in a subprocess, once per set of weights (onnx_cache.py), and runs on ONNX Runtime; when the export is
+off, fails or differs from torch, that model runs on torch (`ModelSpec.runtime`, and a comment in its
+encoder's config.pbtxt, say which and why).
+
 Each folder is written under a temporary name and renamed into place, so Triton never sees half a model."""
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from pathlib import Path
 
 from gateway.errors import BadRequest
 from gateway.modelgen import templates
+from gateway.modelgen.onnx_cache import ExportOptions, export_graphs
 from gateway.modelgen.sources import triton_name
 from gateway.modelgen.spec import ModelSpec
 
@@ -77,7 +83,7 @@ def _max_seq_length(transformer_dir: Path, source: Path, config: dict) -> int:
     return min(int(length), positions)
 
 
-def _sentence_transformer(model_name: str, source: Path, repository: Path) -> ModelSpec:
+def _sentence_transformer(model_name: str, source: Path, repository: Path, export: ExportOptions) -> ModelSpec:
     modules = _json(source / "modules.json")
     if not modules:
         raise BadRequest(f"'{model_name}' is not a sentence-transformers model (no modules.json)", param="model_name")
@@ -105,10 +111,13 @@ def _sentence_transformer(model_name: str, source: Path, repository: Path) -> Mo
     base = triton_name(model_name, None)
     names = {"tokenizer": f"{base}_tokenizer", "encoder": f"{base}_encoder", "pooling": f"{base}_pooling"}
     tokenizer_files = _tokenizer_files(transformer_dir)
+    model_files = _model_files(transformer_dir)
+    graphs = export_graphs("encoder", transformer_dir, list(model_files.values()), repository, export)
     _write_model(repository, names["tokenizer"], templates.tokenizer(names["tokenizer"], max_tokens, ST_MAX_BATCH),
                  tokenizer_files)
-    _write_model(repository, names["encoder"], templates.transformer_encoder(names["encoder"], dimension, ST_MAX_BATCH),
-                 _model_files(transformer_dir))
+    _write_model(repository, names["encoder"],
+                 templates.transformer_encoder(names["encoder"], dimension, ST_MAX_BATCH, graphs.runtime, graphs.note),
+                 {**model_files, **graphs.files})
     _write_model(repository, names["pooling"],
                  templates.pooling(names["pooling"], dimension, modes[0], normalize, ST_MAX_BATCH), {})
     _write_model(repository, base, templates.text_ensemble(base, names, dimension, ST_MAX_BATCH), {})
@@ -116,10 +125,10 @@ def _sentence_transformer(model_name: str, source: Path, repository: Path) -> Mo
                      max_tokens=max_tokens, text_model=base, image_model=None,
                      triton_models=(base, *names.values()), normalized=normalize,
                      tokenizer_file=str(repository / names["tokenizer"] / "1" / "tokenizer.json"),
-                     max_batch_size=ST_MAX_BATCH)
+                     max_batch_size=ST_MAX_BATCH, runtime=graphs.runtime)
 
 
-def _clip(model_name: str, pretrained: str | None, source: Path, repository: Path) -> ModelSpec:
+def _clip(model_name: str, pretrained: str | None, source: Path, repository: Path, export: ExportOptions) -> ModelSpec:
     config = _json(source / "config.json")
     if config.get("model_type") != "clip":
         raise BadRequest(f"'{model_name}' is not a transformers CLIPModel (config.json model_type "
@@ -130,12 +139,15 @@ def _clip(model_name: str, pretrained: str | None, source: Path, repository: Pat
     max_tokens = int(config.get("text_config", {}).get("max_position_embeddings", 77))
     base = triton_name(model_name, pretrained)
     names = {"tokenizer": f"{base}_tokenizer", "preprocess": f"{base}_image_preprocess", "encoder": f"{base}_encoder"}
+    tokenizer_files, model_files = _tokenizer_files(source), _model_files(source)
+    graphs = export_graphs("clip", source, list(model_files.values()), repository, export)
     _write_model(repository, names["tokenizer"], templates.tokenizer(names["tokenizer"], max_tokens, CLIP_MAX_BATCH),
-                 _tokenizer_files(source))
+                 tokenizer_files)
     _write_model(repository, names["preprocess"], templates.image_preprocess(names["preprocess"], CLIP_MAX_BATCH),
                  {"preprocessor_config.json": source / "preprocessor_config.json"})
-    _write_model(repository, names["encoder"], templates.clip_encoder(names["encoder"], dimension, CLIP_MAX_BATCH),
-                 _model_files(source))
+    _write_model(repository, names["encoder"],
+                 templates.clip_encoder(names["encoder"], dimension, CLIP_MAX_BATCH, graphs.runtime, graphs.note),
+                 {**model_files, **graphs.files})
     text, image = f"{base}_text", f"{base}_image"
     _write_model(repository, text, templates.clip_text_ensemble(text, names, dimension, CLIP_MAX_BATCH), {})
     _write_model(repository, image, templates.clip_image_ensemble(image, names, dimension, CLIP_MAX_BATCH), {})
@@ -143,16 +155,19 @@ def _clip(model_name: str, pretrained: str | None, source: Path, repository: Pat
                      max_tokens=max_tokens, text_model=text, image_model=image,
                      triton_models=(text, image, *names.values()), normalized=False,
                      tokenizer_file=str(repository / names["tokenizer"] / "1" / "tokenizer.json"),
-                     max_batch_size=CLIP_MAX_BATCH)
+                     max_batch_size=CLIP_MAX_BATCH, runtime=graphs.runtime)
 
 
-def generate(model_name: str, pretrained: str | None, kind: str, source: Path, repository: Path) -> ModelSpec:
-    """Write every folder the model needs (replacing earlier ones of the same name) and describe it."""
+def generate(model_name: str, pretrained: str | None, kind: str, source: Path, repository: Path,
+             export: ExportOptions | None = None) -> ModelSpec:
+    """Write every folder the model needs (replacing earlier ones of the same name) and describe it.
+    `export`: the ONNX export's settings (default: on, cache beside `repository`)."""
     repository.mkdir(parents=True, exist_ok=True)
+    export = export or ExportOptions()
     if kind == "sentence_transformer":
-        return _sentence_transformer(model_name, source, repository)
+        return _sentence_transformer(model_name, source, repository, export)
     if kind == "clip":
-        return _clip(model_name, pretrained, source, repository)
+        return _clip(model_name, pretrained, source, repository, export)
     raise ValueError(f"unknown model kind {kind!r}")
 
 

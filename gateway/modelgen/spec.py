@@ -20,6 +20,7 @@ class ModelSpec:
     tokenizer_file: str | None = None  # tokenizer.json, for counting tokens (usage)
     max_batch_size: int = 32
     builtin: bool = False  # shipped in model_repository/: never unloaded or deleted by the gateway
+    runtime: str = "torch"  # what runs its encoder: "onnx" (ONNX Runtime) or "torch"
 
     @property
     def ensembles(self) -> tuple[str, ...]:
@@ -41,5 +42,5 @@ def builtin_specs() -> list[ModelSpec]:
 
     return [ModelSpec(model_name=BUILTIN_MINILM, pretrained=None, kind="sentence_transformer", dimension=384,
                       max_tokens=256, text_model="text_embedding", image_model=None, triton_models=(),
-                      normalized=True, max_batch_size=64, builtin=True,
+                      normalized=True, max_batch_size=64, builtin=True, runtime="onnx",
                       tokenizer_file=str(ROOT / "model_repository" / "text_embedding_tokenizer" / "1" / "tokenizer.json"))]

@@ -6,6 +6,11 @@ def _params(**values) -> str:
     return "\n".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in values.items())
 
 
+def _runtime_comment(note: str) -> str:
+    """The export's outcome as a comment line above the runtime parameter (one line, whatever it says)."""
+    return "# " + " ".join(note.split())
+
+
 def tokenizer(name: str, max_length: int, max_batch: int) -> str:
     return f'''name: "{name}"
 backend: "text_tokenizer"
@@ -21,7 +26,8 @@ instance_group [{{ kind: KIND_CPU count: 1 }}]
 '''
 
 
-def transformer_encoder(name: str, hidden: int, max_batch: int) -> str:
+def transformer_encoder(name: str, hidden: int, max_batch: int, runtime: str = "torch",
+                        note: str = "torch: no ONNX export") -> str:
     return f'''name: "{name}"
 backend: "transformer_encoder"
 max_batch_size: {max_batch}
@@ -30,7 +36,8 @@ input [
   {{ name: "attention_mask" data_type: TYPE_INT64 dims: [-1] allow_ragged_batch: true }}
 ]
 output [{{ name: "token_embeddings" data_type: TYPE_FP32 dims: [-1, {hidden}] }}]
-{_params(runtime="torch", threads=2, rows_per_forward=8)}
+{_runtime_comment(note)}
+{_params(runtime=runtime, threads=2, rows_per_forward=8)}
 dynamic_batching {{ max_queue_delay_microseconds: 0 default_queue_policy {{ max_queue_size: 1024 }} }}
 instance_group [{{ kind: KIND_AUTO count: 1 }}]
 '''
@@ -63,7 +70,8 @@ instance_group [{{ kind: KIND_CPU count: 1 }}]
 '''
 
 
-def clip_encoder(name: str, dimension: int, max_batch: int) -> str:
+def clip_encoder(name: str, dimension: int, max_batch: int, runtime: str = "torch",
+                 note: str = "torch: no ONNX export") -> str:
     return f'''name: "{name}"
 backend: "clip_encoder"
 max_batch_size: {max_batch}
@@ -73,7 +81,8 @@ input [
   {{ name: "pixel_values" data_type: TYPE_FP32 dims: [3, -1, -1] optional: true }}
 ]
 output [{{ name: "embedding" data_type: TYPE_FP32 dims: [{dimension}] }}]
-{_params(torch_threads=2)}
+{_runtime_comment(note)}
+{_params(runtime=runtime, threads=2)}
 dynamic_batching {{ max_queue_delay_microseconds: 0 default_queue_policy {{ max_queue_size: 1024 }} }}
 instance_group [{{ kind: KIND_AUTO count: 1 }}]
 '''

@@ -18,7 +18,8 @@ router = APIRouter(tags=["models"])
 
 
 def describe(spec: ModelSpec) -> dict:
-    return {"model_name": spec.model_name, "pretrained": spec.pretrained, "kind": spec.kind, "dimension": spec.dimension}
+    return {"model_name": spec.model_name, "pretrained": spec.pretrained, "kind": spec.kind, "dimension": spec.dimension,
+            "runtime": spec.runtime}
 
 
 def _label(name: str, pretrained: str | None) -> str:
