@@ -25,13 +25,15 @@ def _paths(value: str) -> tuple[Path, ...]:
     return tuple(Path(p).expanduser().resolve() for p in value.split(os.pathsep) if p)
 
 
-def _flag(value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"not a boolean: {value!r}")
+_FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
+def _flag(name: str, value: str) -> bool:
+    """An on/off environment variable; anything else is refused at start, naming the variable."""
+    try:
+        return _FLAGS[value.strip().lower()]
+    except KeyError:
+        raise ValueError(f"{name} must be one of {', '.join(_FLAGS)}, not {value!r}") from None
 
 
 def _words(value: str) -> tuple[str, ...]:
@@ -124,7 +126,7 @@ class Settings:
             completions_max_tokens=int(get("COMPLETIONS_MAX_TOKENS", d.completions_max_tokens)),
             completions_max_n=int(get("COMPLETIONS_MAX_N", d.completions_max_n)),
             completions_max_sequences=int(get("COMPLETIONS_MAX_SEQUENCES", d.completions_max_sequences)),
-            onnx_export=_flag(get("ONNX_EXPORT", "1")),
+            onnx_export=_flag("ONNX_EXPORT", get("ONNX_EXPORT", "1")),
             onnx_export_timeout_s=float(get("ONNX_EXPORT_TIMEOUT_S", d.onnx_export_timeout_s)),
             onnx_export_tolerance=float(get("ONNX_EXPORT_TOLERANCE", d.onnx_export_tolerance)),
             onnx_cache_dir=Path(get("ONNX_CACHE_DIR")).expanduser().resolve() if get("ONNX_CACHE_DIR") else None,
