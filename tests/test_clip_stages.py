@@ -255,3 +255,12 @@ def test_torch_runtime_by_config_without_graphs(tmp_path):
     assert type(stage.towers.towers).__name__ == "TorchClip"
     with pytest.raises(FileNotFoundError):  # onnx asked for, no graphs: refused at load, not per request
         load_generated(tmp_path / "repo", encoder_name(spec), {"runtime": "onnx"})
+
+
+def test_text_token_bounds_fall_back_to_clips_defaults(tmp_path):
+    from clip_encoder.clip import text_token_bounds
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "clip", "text_config": {}}))
+    assert text_token_bounds(tmp_path) == (49408, 77)
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 578, "max_position_embeddings": 40}}))
+    assert text_token_bounds(tmp_path) == (578, 40)

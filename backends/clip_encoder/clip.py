@@ -74,6 +74,15 @@ class ClipTowers:
             row += n
 
 
+def text_token_bounds(model_dir: Path) -> tuple[int, int]:
+    """(vocabulary size, position embeddings) of the text tower, with transformers' CLIPTextConfig defaults
+    (49408, 77) where config.json leaves them out: beyond either the text forward raises for every row."""
+    import json
+
+    text = json.loads((Path(model_dir) / "config.json").read_text()).get("text_config", {})
+    return int(text.get("vocab_size", 49408)), int(text.get("max_position_embeddings", 77))
+
+
 def has_onnx(model_dir: Path) -> bool:
     """Whether the model's folder holds the exported towers (the gateway links them in at registration)."""
     return all((Path(model_dir) / name).is_file() for name in ONNX_FILES)

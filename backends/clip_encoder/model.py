@@ -1,4 +1,3 @@
-import json
 import sys
 from pathlib import Path
 
@@ -6,14 +5,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from clip_encoder.clip import ImageRows, TextRows, has_onnx, make_towers  # noqa: E402
+from clip_encoder.clip import ImageRows, TextRows, has_onnx, make_towers, text_token_bounds  # noqa: E402
 from stage_common.errors import BadInput, check_token_rows  # noqa: E402
 from stage_common.isolation import each_alone_on_failure  # noqa: E402
 from stage_common.params import runtime_params  # noqa: E402
 from stage_common.triton_io import execute_batched, gpu_device, input_array, load_model_config, version_dir  # noqa: E402
 
 
-def _parse(request, image_shape, text_config):
+def _parse(request, image_shape, token_bounds):
     ids = input_array(request, "input_ids", optional=True)
     pixels = input_array(request, "pixel_values", optional=True)
     if (ids is None) == (pixels is None):
@@ -23,8 +22,7 @@ def _parse(request, image_shape, text_config):
             raise BadInput(f"pixel_values rows are {list(pixels.shape[1:])}; this CLIP takes {list(image_shape)}")
         return ImageRows(pixels)
     mask = input_array(request, "attention_mask")
-    # transformers' CLIPTextConfig defaults where the config leaves them out
-    check_token_rows(ids, mask, text_config.get("vocab_size", 49408), text_config.get("max_position_embeddings", 77))
+    check_token_rows(ids, mask, *token_bounds)
     return TextRows(ids, mask)
 
 
@@ -40,9 +38,9 @@ class TritonPythonModel:
         runtime, threads = runtime_params(config, has_onnx(folder))
         self.towers = make_towers(folder, runtime, threads, gpu_device(args))
         # ids outside the vocabulary, or rows longer than the position embeddings, are refused per request
-        self.text_config = json.loads((folder / "config.json").read_text()).get("text_config", {})
+        self.token_bounds = text_token_bounds(folder)
 
     def execute(self, requests):
-        return execute_batched(requests, parse=lambda request: _parse(request, self.towers.image_shape, self.text_config),
+        return execute_batched(requests, parse=lambda request: _parse(request, self.towers.image_shape, self.token_bounds),
                                compute=lambda batch: each_alone_on_failure(self.towers.encode_per_request, batch),
                                respond=lambda _rows, features: [pb_utils.Tensor("embedding", features)])

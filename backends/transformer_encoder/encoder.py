@@ -103,6 +103,15 @@ def onnx_forward(model_dir: Path, threads: int, use_cuda: bool = False, device_i
     return forward, hidden_size
 
 
+def token_bounds(model_dir: Path) -> tuple[int | None, int | None]:
+    """(vocabulary size, position embeddings) from the transformers config.json (None where absent): an id
+    at or over the first, or a row longer than the second, makes a forward raise for every row in it."""
+    import json
+
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return config.get("vocab_size"), config.get("max_position_embeddings")
+
+
 def make_encoder(model_dir: Path, runtime: str, threads: int, rows_per_forward: int = 8,
                  gpu_device: int | None = None, small_batch_threads: int = 0,
                  small_batch_rows: int = 0) -> TransformerEncoder:

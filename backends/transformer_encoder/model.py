@@ -1,4 +1,3 @@
-import json
 import sys
 from pathlib import Path
 
@@ -10,7 +9,7 @@ from stage_common.errors import check_token_rows  # noqa: E402
 from stage_common.isolation import each_alone_on_failure  # noqa: E402
 from stage_common.params import config_param, runtime_params  # noqa: E402
 from stage_common.triton_io import execute_batched, gpu_device, input_array, load_model_config, version_dir  # noqa: E402
-from transformer_encoder.encoder import ONNX_FILE, make_encoder  # noqa: E402
+from transformer_encoder.encoder import ONNX_FILE, make_encoder, token_bounds  # noqa: E402
 
 
 def _parse(request, vocab_size, max_positions):
@@ -32,9 +31,7 @@ class TritonPythonModel:
                                     config_param(config, "small_batch_rows", int, 0))
         # an id outside the vocabulary or a row longer than the position embeddings would fail the whole
         # shared forward: refused per request (INVALID_ARGUMENT) before it runs
-        model_config = json.loads((folder / "config.json").read_text())
-        self.vocab_size = model_config.get("vocab_size")
-        self.max_positions = model_config.get("max_position_embeddings")
+        self.vocab_size, self.max_positions = token_bounds(folder)
 
     def execute(self, requests):
         return execute_batched(requests, parse=lambda request: _parse(request, self.vocab_size, self.max_positions),
