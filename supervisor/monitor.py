@@ -17,8 +17,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from supervisor.orphans import Orphans
 from supervisor.state import write_state
-from supervisor.stubs import StubTracker, scan_stubs
+from supervisor.stubs import StubTracker, model_of, scan_stub_pids
 
 log = logging.getLogger("supervisor")
 CANARY_FAILED = "canary failed: "  # the reason of a heal that a canary asked for
@@ -71,6 +72,7 @@ class Supervisor:
         self._canary_misses: dict[str, int] = {}  # model -> consecutive canary failures
         self._canary_heal_failed: dict[str, str] = {}  # model -> reason: its canary's heal failed, retried
         self.tracker = StubTracker()
+        self.orphans = Orphans()  # the old version's stubs a heal left alive, killed once idle
         self.unhealthy: dict[str, str] = {}
         self.events: list[tuple[float, str, str]] = []  # (unix time, event, model): read by tests and the soak
         self._stop = threading.Event()
@@ -131,7 +133,12 @@ class Supervisor:
         if not pid:
             return
         ready = self.ready_models()
-        deaths = self.tracker.update(scan_stubs(pid), ready)
+        stubs = scan_stub_pids(pid)
+        for model, stub, why in self.orphans.retire(set(stubs)):
+            self._event("retired old stub", model, f"pid {stub}, {why}")
+        # an orphan shares its instance's name with the new stub: the tracker follows the new one
+        live = {instance: p for p, instance in sorted(stubs.items()) if p not in self.orphans}
+        deaths = self.tracker.update(live, ready)
         if deaths:
             ready = self.ready_models()  # re-check: an unload in progress is not a death
             for model, reason in deaths.items():
@@ -200,6 +207,7 @@ class Supervisor:
                 self.unhealthy[name] = reason if name == model else f"step '{model}' is down: {reason}"
         self._publish()
         self._event("reload started", model, "config override")
+        before = self._stub_pids(model)  # a dead stub's surviving batch-mates, or a hung stub
         try:
             # Triton skips a load when nothing changed (a plain load of an unchanged model, or the same
             # override twice): a fresh marker parameter makes every heal's override a new configuration.
@@ -207,11 +215,12 @@ class Supervisor:
             config["parameters"] = {**config.get("parameters", {}),
                                     "supervisor_reload": {"string_value": f"{time.time():.6f}"}}
             self.client.load_model(model, config=json.dumps(config), headers=self.headers)
-            if not self._stubs_back(model):
+            if not self._stubs_back(model, before):
                 raise RuntimeError("the reload started no stub")
         except Exception as exc:
             self._event("reload failed", model, str(exc)[:300])
             return False  # still unhealthy; the tracker reports it again on the next scans and we retry
+        self.orphans.adopt(model, before & set(self._stub_pids(model)))
         self.tracker.healed(model)
         with self._lock:
             for name in affected:
@@ -220,14 +229,19 @@ class Supervisor:
         self._event("healed", model, f"in {time.time() - started:.2f}s")
         return True
 
-    def _stubs_back(self, model: str, timeout_s: float = 5.0) -> bool:
-        """A stub of the model runs again (a model with no Python stub, e.g. an ensemble, counts as back)."""
+    def _stub_pids(self, model: str) -> set[int]:
+        pid = self._server_pid()
+        return {p for p, instance in scan_stub_pids(pid).items() if model_of(instance) == model} if pid else set()
+
+    def _stubs_back(self, model: str, old: set[int], timeout_s: float = 5.0) -> bool:
+        """Each instance of the model runs a stub that is not one of the `old` pids (a model with no Python
+        stub, e.g. an ensemble, counts as back)."""
         pid = self._server_pid()
         if not pid or not self.tracker.instances(model):
             return True
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            alive = scan_stubs(pid)
+            alive = {instance for p, instance in scan_stub_pids(pid).items() if p not in old}
             if all(i in alive for i in self.tracker.instances(model)):
                 return True
             time.sleep(0.05)

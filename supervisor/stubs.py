@@ -46,17 +46,32 @@ def model_of(instance: str) -> str:
     return match.group("model") if match else instance
 
 
-def scan_stubs(server_pid: int, proc: Path = Path("/proc")) -> dict[str, int]:
-    """Live (non-zombie) stubs of this server: instance -> pid."""
-    stubs: dict[str, int] = {}
+def scan_stub_pids(server_pid: int, proc: Path = Path("/proc")) -> dict[int, str]:
+    """Live (non-zombie) stubs of this server: pid -> instance. Two stubs can serve one instance name for a
+    while: a reload's new stub and the old version's, until Triton (or the supervisor) retires the old one."""
+    stubs: dict[int, str] = {}
     for entry in proc.glob("[0-9]*"):
         info = read_proc(int(entry.name), proc)
         if info is None or info.ppid != server_pid or info.state == "Z":
             continue
         instance = instance_of(info.argv)
         if instance:
-            stubs[instance] = info.pid
+            stubs[info.pid] = instance
     return stubs
+
+
+def scan_stubs(server_pid: int, proc: Path = Path("/proc"), exclude=frozenset()) -> dict[str, int]:
+    """Live stubs of this server but the `exclude`d pids: instance -> pid."""
+    return {instance: pid for pid, instance in sorted(scan_stub_pids(server_pid, proc).items()) if pid not in exclude}
+
+
+def cpu_ticks(pid: int, proc: Path = Path("/proc")) -> int | None:
+    """User + system CPU time the process has used, in clock ticks (None if it is gone)."""
+    try:
+        fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat(5)
 
 
 @dataclass

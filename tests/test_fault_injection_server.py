@@ -12,6 +12,7 @@ import pytest
 
 from supervisor.workload import Load
 from supervisor.faults import kill_stub
+from supervisor.stubs import model_of, scan_stub_pids
 from supervisor.monitor import Supervisor
 from supervisor.state import unhealthy_models
 from tools.triton_launcher import TritonServer, free_port
@@ -34,8 +35,12 @@ def supervised(tmp_path_factory):
         server.stop()
 
 
+def stubs_of(server, model: str) -> set[int]:
+    return {pid for pid, instance in scan_stub_pids(server.process.pid).items() if model_of(instance) == model}
+
+
 @pytest.mark.parametrize("stub, pipeline, heal_limit_s", [
-    ("text_embedding_encoder", "text_embedding", 5.0),  # a network stage (ONNX Runtime)
+    ("text_embedding_encoder", "text_embedding", 5.0),  # a network stage (ONNX Runtime), two instances
     ("ner_tagger", "ner", 5.0),  # the NER network (ONNX Runtime; 5.3 s under the soak's load on torch)
     ("ner_decoder", "ner", 5.0),  # a numpy stage
     # not the decoupled generator: killing its stub under load sometimes aborts tritonserver itself
@@ -61,6 +66,7 @@ def test_a_killed_stub_is_healed_under_load(supervised, stub, pipeline, heal_lim
             time.sleep(0.2)
         assert load.outcomes and not load.unexpected(), load.unexpected()[:3]
         sampler.start()
+        old_stubs = stubs_of(server, stub)
         killed_at = time.time()
         kill_stub(server.process.pid, stub)
         healed_at = None
@@ -70,6 +76,11 @@ def test_a_killed_stub_is_healed_under_load(supervised, stub, pipeline, heal_lim
             time.sleep(0.05)
         assert healed_at is not None, f"not healed in 30 s; events: {supervisor.events[-5:]}"
         time.sleep(4)  # serving again
+        # the old version's other stubs (text_embedding_encoder has two instances) end too, by Triton's unload or
+        # the supervisor's retirement, while the load goes on
+        deadline = time.time() + 30
+        while stubs_of(server, stub) & old_stubs and time.time() < deadline:
+            time.sleep(0.2)
     finally:
         load.stop()
         sampling.set()
@@ -79,8 +90,11 @@ def test_a_killed_stub_is_healed_under_load(supervised, stub, pipeline, heal_lim
     during_heal = [o for o in failed if o.start >= killed_at]
     after = [o for o in load.outcomes if o.start > healed_at + 0.5]
     print(f"\n{stub}: healed in {heal_s:.2f}s; failed: {len(in_flight)} in flight at the kill, "
-          f"{len(during_heal)} sent before the heal; {len(after)} answered after")
+          f"{len(during_heal)} sent before the heal; {len(after)} answered after; old stubs retired by the "
+          f"supervisor: {sum(e == 'retired old stub' and m == stub and t > killed_at for t, e, m in supervisor.events)}")
     assert heal_s < heal_limit_s
+    assert not stubs_of(server, stub) & old_stubs, (old_stubs, stubs_of(server, stub), supervisor.events[-4:])
+    assert len(stubs_of(server, stub)) == len(old_stubs)  # one stub per instance again
     assert all(o.start < healed_at + 0.5 for o in failed), [o for o in failed if o.start >= healed_at + 0.5][:3]
     assert len(in_flight) <= 8  # at most one per client
     assert len(after) >= 8 and all(o.error is None for o in after)

@@ -172,8 +172,12 @@ def canary_supervisor(tmp_path, monkeypatch, canaries, **kwargs):
     from supervisor import monitor
     from supervisor.monitor import Supervisor
 
-    monkeypatch.setattr(monitor, "scan_stubs", lambda pid: {"enc_0_0": 5})
+    stubs = {5: "enc_0_0"}
+    monkeypatch.setattr(monitor, "scan_stub_pids", lambda pid: dict(stubs))
     fake = FakeTriton()
+    load = fake.load_model
+    # each reload starts a new stub; the hung one lives on (an orphan, retired once idle)
+    fake.load_model = lambda *a, **k: (load(*a, **k), stubs.update({max(stubs) + 1: "enc_0_0"}))
     return fake, Supervisor(1, "unused", tmp_path / "s.json", client=fake, canaries=canaries, **kwargs)
 
 
@@ -266,7 +270,7 @@ def test_a_blocked_canary_does_not_delay_the_healing_of_a_dead_stub(tmp_path, mo
     from supervisor.monitor import Supervisor
 
     stubs = {"enc_0_0": 5}
-    monkeypatch.setattr(monitor, "scan_stubs", lambda pid: dict(stubs))
+    monkeypatch.setattr(monitor, "scan_stub_pids", lambda pid: {p: i for i, p in stubs.items()})
     fake = FakeTriton()
     load = fake.load_model
     fake.load_model = lambda *a, **k: (load(*a, **k), stubs.update({"enc_0_0": 6}))  # the reload's new stub
@@ -288,3 +292,115 @@ def test_a_blocked_canary_does_not_delay_the_healing_of_a_dead_stub(tmp_path, mo
     finally:
         release.set()
         supervisor.stop()
+
+
+def test_cpu_ticks_are_user_plus_system_time(tmp_path):
+    from supervisor.stubs import cpu_ticks
+
+    (tmp_path / "7").mkdir()
+    # fields 14 and 15 of stat(5) are utime and stime; the command name may hold spaces and parentheses
+    (tmp_path / "7" / "stat").write_text("7 (a (b) c) S 1 7 7 0 -1 4194560 10 0 0 0 123 45 0 0 20 0 1 0\n")
+    assert cpu_ticks(7, tmp_path) == 168
+    assert cpu_ticks(8, tmp_path) is None
+
+
+def test_two_stubs_of_one_instance_are_both_scanned(tmp_path):
+    from supervisor.stubs import scan_stub_pids
+
+    fake_proc(tmp_path, 100, 1, ["tritonserver"], comm="tritonserver")
+    fake_proc(tmp_path, 101, 100, stub_argv("enc", "enc_0_0"))  # the old version's, alive after a reload
+    fake_proc(tmp_path, 105, 100, stub_argv("enc", "enc_0_0"))
+    assert scan_stub_pids(100, tmp_path) == {101: "enc_0_0", 105: "enc_0_0"}
+    assert scan_stubs(100, tmp_path, exclude={105}) == {"enc_0_0": 101}
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_an_orphan_is_killed_once_idle_and_a_busy_one_only_when_overdue():
+    from supervisor.orphans import Orphans
+
+    ticks, killed, clock = {5: 100, 6: 200, 7: 300}, [], FakeClock()
+    orphans = Orphans(idle_s=5, max_age_s=60, ticks=ticks.get, kill=killed.append, clock=clock)
+    orphans.adopt("enc", {5, 6, 7})
+    clock.now = 3
+    ticks[6] += 10  # still finishing the requests it had when the reload came
+    assert orphans.retire({5, 6, 7}) == [] and killed == []
+    clock.now = 5.5
+    assert orphans.retire({5, 6}) == [("enc", 5, "idle for 5.5 s")]  # 7 exited by itself: forgotten
+    assert killed == [5] and orphans.pids() == {6}
+    for second in range(6, 60):  # busy all along (a hung stub spinning)
+        clock.now, ticks[6] = second, ticks[6] + 1
+        assert orphans.retire({6}) == []
+    clock.now, ticks[6] = 60, ticks[6] + 1
+    assert orphans.retire({6}) == [("enc", 6, "still busy 60 s after the reload")] and killed == [5, 6]
+    assert orphans.pids() == set()
+
+
+def test_an_orphan_that_exits_as_it_is_killed_is_not_reported():
+    from supervisor.orphans import Orphans
+
+    def gone(pid):
+        raise ProcessLookupError(pid)
+
+    clock = FakeClock()
+    orphans = Orphans(idle_s=1, ticks=lambda pid: 1, kill=gone, clock=clock)
+    orphans.adopt("enc", {5})
+    clock.now = 2
+    assert orphans.retire({5}) == [] and orphans.pids() == set()
+
+
+def test_a_heal_retires_the_old_versions_surviving_stub_once_idle(tmp_path, monkeypatch):
+    """Two instances, one killed: the reload starts two new stubs, and the old version's survivor (pid 5), which
+    Triton may never unload, is killed once idle; the tracker follows the new stubs, so its end is no death."""
+    from supervisor import monitor
+    from supervisor.monitor import Supervisor
+    from supervisor.orphans import Orphans
+
+    stubs = {5: "enc_0_0", 6: "enc_0_1"}
+    monkeypatch.setattr(monitor, "scan_stub_pids", lambda pid: dict(stubs))
+    fake = FakeTriton()
+    load = fake.load_model
+    fake.load_model = lambda *a, **k: (load(*a, **k), stubs.update({7: "enc_0_0", 8: "enc_0_1"}))
+    killed, clock = [], FakeClock()
+    supervisor = Supervisor(1, "unused", tmp_path / "s.json", client=fake)
+    supervisor.orphans = Orphans(idle_s=5, ticks=lambda pid: 42, kill=lambda pid: (killed.append(pid), stubs.pop(pid)),
+                                 clock=clock)
+    supervisor.check_once()
+    del stubs[6]  # kill -9 of enc_0_1
+    supervisor.check_once()
+    supervisor.check_once()
+    assert wait_for(lambda: healed(supervisor)), supervisor.events
+    assert supervisor.orphans.pids() == {5} and killed == []
+    supervisor.check_once()
+    assert supervisor.tracker.known == {"enc_0_0": 7, "enc_0_1": 8}
+    clock.now = 6
+    supervisor.check_once()
+    assert killed == [5] and stubs == {7: "enc_0_0", 8: "enc_0_1"}
+    supervisor.check_once()
+    supervisor.check_once()
+    events = [e for _, e, _ in supervisor.events]
+    assert events == ["death detected", "reload started", "healed", "retired old stub"]
+    assert [m for m, _, _ in fake.loads] == ["enc"]
+
+
+def test_a_heal_waits_for_a_new_stub_not_the_hung_one_still_alive(tmp_path, monkeypatch):
+    from supervisor import monitor
+    from supervisor.monitor import Supervisor
+
+    stubs = {5: "enc_0_0"}  # hung: alive, never answering
+    monkeypatch.setattr(monitor, "scan_stub_pids", lambda pid: dict(stubs))
+    supervisor = Supervisor(1, "unused", tmp_path / "s.json", client=FakeTriton())
+    supervisor.check_once()
+    monkeypatch.setattr(supervisor, "_stubs_back", (lambda wait: lambda m, old: wait(m, old, timeout_s=0.3))(
+        supervisor._stubs_back))
+    assert not supervisor.heal("enc", "canary failed: no answer", {"enc", "emb"})  # no new stub came up
+    assert supervisor.orphans.pids() == set()
+    supervisor.client.load_model = lambda *a, **k: stubs.update({9: "enc_0_0"})
+    assert supervisor.heal("enc", "canary failed: no answer", {"enc", "emb"})
+    assert supervisor.orphans.pids() == {5}

@@ -95,6 +95,7 @@ class TritonServer:
         self.extra_args = extra_args or []
         self.process: subprocess.Popen | None = None
         self._shm_before: set[str] = set()
+        self._shm_seen: set[str] = set()  # regions this server's processes mapped, as of the last note
 
     @property
     def client_host(self) -> str:
@@ -170,9 +171,8 @@ class TritonServer:
         """SIGTERM the server, wait for its stubs to exit; kill the process group if it hangs."""
         if self.process is None:
             return
-        # Only this server's regions: other servers on the box (tests, soak) create theirs meanwhile.
-        regions = shm_regions_mapped(process_tree(self.process.pid))
         if self.process.poll() is None:
+            self.note_regions()
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout)
@@ -183,9 +183,26 @@ class TritonServer:
             os.killpg(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        for region in regions - self._shm_before:
+        for region in self._shm_seen - self._shm_before:
             Path(region).unlink(missing_ok=True)
+        self._shm_seen.clear()
         self.process = None
+
+    def note_regions(self) -> None:
+        """Remembers the shared-memory regions the server and its stubs map now, for stop() to remove: Triton
+        leaves some behind (a model version it never unloads after a stub died keeps its regions to the
+        end), and once the server has exited its processes can no longer be asked. Only this server's:
+        other servers on the box (tests, soak) create theirs meanwhile."""
+        if self.process is not None:
+            self._shm_seen |= shm_regions_mapped(process_tree(self.process.pid))
+
+    def wait(self, note_every_s: float = 2.0) -> int:
+        """Waits for the server to exit, noting its regions meanwhile; returns its exit code."""
+        while True:
+            try:
+                return self.process.wait(note_every_s)
+            except subprocess.TimeoutExpired:
+                self.note_regions()
 
     def __enter__(self):
         return self.start()
@@ -253,6 +270,7 @@ def main() -> int:
             sys.exit(1)
         if signals_seen == 1:
             print(f"\ntriton: stopping (signal {signum})", flush=True)
+            server.note_regions()  # the last look before the server exits
             if supervisor is not None:
                 supervisor.request_stop()  # stubs exiting on shutdown are not deaths
             if gateway is not None and gateway.process is not None:
@@ -281,7 +299,7 @@ def main() -> int:
     print(f"triton: ready\n  HTTP    http://{server.http_url}\n  gRPC    {server.grpc_url}\n"
           f"  metrics {server.metrics_url}" + (f"\n  gateway {gateway.url} (docs: {gateway.url}/docs)" if gateway else "")
           + "\n  Ctrl-C stops everything", flush=True)
-    code = server.process.wait()
+    code = server.wait()
     supervisor.stop()
     if gateway is not None:
         gateway.stop()

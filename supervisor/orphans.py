@@ -1,0 +1,75 @@
+"""Retiring the stubs a heal leaves behind: the old version's survivors.
+
+A heal reloads the model, and Triton unloads the old version once its requests are done. But after a stub
+died with requests in flight, Triton 2.51 never unloads that old version (seen with two encoder instances
+under load: no "Stopping dynamic-batcher" for it until shutdown, which then waits its full exit timeout), so
+the other instances' stubs of that version live on, each holding its model's memory, and a hung stub (healed
+after its canary failed) stays alive too. Triton sends them no new request: new ones go to the new version.
+
+So after a heal every stub of the model that was alive before the reload is an orphan. An orphan is killed
+once it has used no CPU for `idle_s` (the requests it had when the reload came are done; a normal unload
+ends its stub within ~2 s, before that) or, at the latest, `max_age_s` after the heal (a hung stub spinning).
+Killing it is what Triton's own unload would do; the old version's Triton side is reclaimed at shutdown."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from supervisor.stubs import cpu_ticks
+
+
+@dataclass
+class _Orphan:
+    model: str
+    adopted: float  # monotonic time of the heal
+    ticks: int | None  # CPU ticks at the last change seen
+    changed: float  # monotonic time of that change
+
+
+class Orphans:
+    def __init__(self, idle_s: float = 5.0, max_age_s: float = 120.0,
+                 ticks: Callable[[int], int | None] = cpu_ticks,
+                 kill: Callable[[int], None] = lambda pid: os.kill(pid, signal.SIGKILL),
+                 clock: Callable[[], float] = time.monotonic):
+        self.idle_s, self.max_age_s = idle_s, max_age_s
+        self._ticks, self._kill, self._clock = ticks, kill, clock
+        self._orphans: dict[int, _Orphan] = {}
+
+    def __contains__(self, pid: int) -> bool:
+        return pid in self._orphans
+
+    def pids(self) -> set[int]:
+        return set(self._orphans)
+
+    def adopt(self, model: str, pids: set[int]) -> None:
+        now = self._clock()
+        for pid in pids:
+            self._orphans[pid] = _Orphan(model, now, self._ticks(pid), now)
+
+    def retire(self, live: set[int]) -> list[tuple[str, int, str]]:
+        """One round, given the pids of the server's live stubs: forgets the orphans that exited and kills the
+        idle or overdue ones. Returns (model, pid, why) for each killed."""
+        now, killed = self._clock(), []
+        for pid, orphan in list(self._orphans.items()):
+            ticks = self._ticks(pid) if pid in live else None
+            if ticks is None:  # exited: Triton unloaded the old version after all
+                del self._orphans[pid]
+                continue
+            if ticks != orphan.ticks:
+                orphan.ticks, orphan.changed = ticks, now
+            if now - orphan.changed >= self.idle_s:
+                why = f"idle for {now - orphan.changed:.1f} s"
+            elif now - orphan.adopted >= self.max_age_s:
+                why = f"still busy {now - orphan.adopted:.0f} s after the reload"
+            else:
+                continue
+            del self._orphans[pid]
+            try:
+                self._kill(pid)
+            except ProcessLookupError:
+                continue
+            killed.append((orphan.model, pid, why))
+        return killed
