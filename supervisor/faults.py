@@ -4,16 +4,12 @@ from __future__ import annotations
 import os
 import signal
 
-from supervisor.stubs import model_of, scan_stubs
-
-
-def stub_pids(server_pid: int, model: str) -> dict[str, int]:
-    return {i: pid for i, pid in scan_stubs(server_pid).items() if model_of(i) == model}
+from supervisor.stubs import by_instance, of_model, scan_stub_pids
 
 
 def kill_stub(server_pid: int, model: str) -> int:
     """SIGKILL the first stub of `model`; returns its pid."""
-    stubs = stub_pids(server_pid, model)
+    stubs = by_instance(of_model(scan_stub_pids(server_pid), model))
     if not stubs:
         raise LookupError(f"no stub of '{model}' under server pid {server_pid}")
     pid = stubs[sorted(stubs)[0]]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from supervisor.orphans import Orphans
 from supervisor.state import write_state
-from supervisor.stubs import StubTracker, model_of, scan_stub_pids
+from supervisor.stubs import StubTracker, by_instance, of_model, scan_stub_pids
 
 log = logging.getLogger("supervisor")
 CANARY_FAILED = "canary failed: "  # the reason of a heal that a canary asked for
@@ -137,8 +137,7 @@ class Supervisor:
         for model, stub, why in self.orphans.retire(set(stubs)):
             self._event("retired old stub", model, f"pid {stub}, {why}")
         # an orphan shares its instance's name with the new stub: the tracker follows the new one
-        live = {instance: p for p, instance in sorted(stubs.items()) if p not in self.orphans}
-        deaths = self.tracker.update(live, ready)
+        deaths = self.tracker.update(by_instance(stubs, exclude=self.orphans.pids()), ready)
         if deaths:
             ready = self.ready_models()  # re-check: an unload in progress is not a death
             for model, reason in deaths.items():
@@ -231,7 +230,7 @@ class Supervisor:
 
     def _stub_pids(self, model: str) -> set[int]:
         pid = self._server_pid()
-        return {p for p, instance in scan_stub_pids(pid).items() if model_of(instance) == model} if pid else set()
+        return set(of_model(scan_stub_pids(pid), model)) if pid else set()
 
     def _stubs_back(self, model: str, old: set[int], timeout_s: float = 5.0) -> bool:
         """Each instance of the model runs a stub that is not one of the `old` pids (a model with no Python
@@ -241,7 +240,7 @@ class Supervisor:
             return True
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            alive = {instance for p, instance in scan_stub_pids(pid).items() if p not in old}
+            alive = by_instance(scan_stub_pids(pid), exclude=old)
             if all(i in alive for i in self.tracker.instances(model)):
                 return True
             time.sleep(0.05)

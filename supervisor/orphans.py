@@ -9,7 +9,7 @@ after its canary failed) stays alive too. Triton sends them no new request: new 
 So after a heal every stub of the model that was alive before the reload is an orphan. An orphan is killed
 once it has used no CPU for `idle_s` (the requests it had when the reload came are done; a normal unload
 ends its stub within ~2 s, before that) or, at the latest, `max_age_s` after the heal (a hung stub spinning).
-Killing it is what Triton's own unload would do; the old version's Triton side is reclaimed at shutdown."""
+Triton's own unload would end it too; the old version's Triton side is reclaimed at shutdown."""
 from __future__ import annotations
 
 import os
@@ -37,9 +37,6 @@ class Orphans:
         self.idle_s, self.max_age_s = idle_s, max_age_s
         self._ticks, self._kill, self._clock = ticks, kill, clock
         self._orphans: dict[int, _Orphan] = {}
-
-    def __contains__(self, pid: int) -> bool:
-        return pid in self._orphans
 
     def pids(self) -> set[int]:
         return set(self._orphans)

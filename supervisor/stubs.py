@@ -60,9 +60,20 @@ def scan_stub_pids(server_pid: int, proc: Path = Path("/proc")) -> dict[int, str
     return stubs
 
 
-def scan_stubs(server_pid: int, proc: Path = Path("/proc"), exclude=frozenset()) -> dict[str, int]:
-    """Live stubs of this server but the `exclude`d pids: instance -> pid."""
-    return {instance: pid for pid, instance in sorted(scan_stub_pids(server_pid, proc).items()) if pid not in exclude}
+def by_instance(stubs: dict[int, str], exclude=frozenset()) -> dict[str, int]:
+    """instance -> pid of a scan, but the `exclude`d pids; of two stubs with one instance name, the higher pid
+    (the newer, short of a pid wrap-around)."""
+    return {instance: pid for pid, instance in sorted(stubs.items()) if pid not in exclude}
+
+
+def of_model(stubs: dict[int, str], model: str) -> dict[int, str]:
+    """The stubs of a scan that serve `model`'s instances."""
+    return {pid: instance for pid, instance in stubs.items() if model_of(instance) == model}
+
+
+def scan_stubs(server_pid: int, proc: Path = Path("/proc")) -> dict[str, int]:
+    """Live stubs of this server: instance -> pid."""
+    return by_instance(scan_stub_pids(server_pid, proc))
 
 
 def cpu_ticks(pid: int, proc: Path = Path("/proc")) -> int | None:

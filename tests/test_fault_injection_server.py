@@ -12,7 +12,7 @@ import pytest
 
 from supervisor.workload import Load
 from supervisor.faults import kill_stub
-from supervisor.stubs import model_of, scan_stub_pids
+from supervisor.stubs import of_model, scan_stub_pids
 from supervisor.monitor import Supervisor
 from supervisor.state import unhealthy_models
 from tools.triton_launcher import TritonServer, free_port
@@ -36,7 +36,7 @@ def supervised(tmp_path_factory):
 
 
 def stubs_of(server, model: str) -> set[int]:
-    return {pid for pid, instance in scan_stub_pids(server.process.pid).items() if model_of(instance) == model}
+    return set(of_model(scan_stub_pids(server.process.pid), model))
 
 
 @pytest.mark.parametrize("stub, pipeline, heal_limit_s", [

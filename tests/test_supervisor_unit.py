@@ -305,13 +305,15 @@ def test_cpu_ticks_are_user_plus_system_time(tmp_path):
 
 
 def test_two_stubs_of_one_instance_are_both_scanned(tmp_path):
-    from supervisor.stubs import scan_stub_pids
+    from supervisor.stubs import by_instance, of_model, scan_stub_pids
 
     fake_proc(tmp_path, 100, 1, ["tritonserver"], comm="tritonserver")
     fake_proc(tmp_path, 101, 100, stub_argv("enc", "enc_0_0"))  # the old version's, alive after a reload
     fake_proc(tmp_path, 105, 100, stub_argv("enc", "enc_0_0"))
     assert scan_stub_pids(100, tmp_path) == {101: "enc_0_0", 105: "enc_0_0"}
-    assert scan_stubs(100, tmp_path, exclude={105}) == {"enc_0_0": 101}
+    assert scan_stubs(100, tmp_path) == {"enc_0_0": 105}  # the newer
+    assert by_instance(scan_stub_pids(100, tmp_path), exclude={105}) == {"enc_0_0": 101}
+    assert of_model({101: "enc_0_0", 102: "encoder_0_0"}, "enc") == {101: "enc_0_0"}
 
 
 class FakeClock:
