@@ -4,6 +4,12 @@ next to the FastAPI peer and the in-process limit measured in the same run, and 
 itself. Writes bench-results/<date>/report.md (tables: req/s, p50/p95, served/limit, served/peer, RSS) and
 PNG plots; --readme rewrites README.md's generated sweep section from the same figures.
 
+This box's speed drifts by up to 2x over minutes, and the matrix measures one configuration after another,
+so a slow patch hits one configuration's points together. After the matrix, the shipped configuration and
+every configuration that beat it somewhere are measured again head to head, in rounds ordered ABBA
+(shipped first, then last) so a steady drift falls on both alike; the in-process limit is measured again
+at the end.
+
     python bench/sweep.py --pipelines text_embedding --window 5
 """
 from __future__ import annotations
@@ -85,8 +91,13 @@ def _food() -> Pipeline:
 PIPELINES = {"text_embedding": _text_embedding, "ner": _ner, "food_captioning": _food}
 
 
+def config_dict(model: str) -> dict:
+    """model_repository/<model>/config.pbtxt as the JSON Triton's load API takes."""
+    return json_format.MessageToDict(parse_config(model), preserving_proto_field_name=True)
+
+
 def config_json(model: str, variant: Variant, vary_instances: bool) -> str:
-    config = json_format.MessageToDict(parse_config(model), preserving_proto_field_name=True)
+    config = config_dict(model)
     config["max_batch_size"] = variant.max_batch
     if config.get("platform") == "ensemble":
         return json.dumps(config)
@@ -105,12 +116,13 @@ SHIPPED = "shipped"  # the configs in model_repository/, measured as they are
 
 
 def load_variant(client, pipeline: Pipeline, variant: Variant | None) -> None:
-    """A configuration of the matrix, or (None) the shipped one."""
+    """A configuration of the matrix, or (None) the shipped one. The shipped config is passed too: a load
+    without one after an override keeps the override (Triton 2.51)."""
     steps = [s.model_name for s in parse_config(pipeline.ensemble).ensemble_scheduling.step]
     for step in steps:
-        client.load_model(step, config=None if variant is None else config_json(step, variant, step == pipeline.stage))
-    client.load_model(pipeline.ensemble,
-                      config=None if variant is None else config_json(pipeline.ensemble, variant, False))
+        client.load_model(step, config=json.dumps(config_dict(step)) if variant is None else config_json(step, variant, step == pipeline.stage))
+    client.load_model(pipeline.ensemble, config=json.dumps(config_dict(pipeline.ensemble)) if variant is None
+                      else config_json(pipeline.ensemble, variant, False))
 
 
 def unload(client, pipeline: Pipeline) -> None:
@@ -183,6 +195,38 @@ def plot(rows: list[dict], peer: dict, pipeline: str, out_dir: Path) -> list[str
     return files
 
 
+def contenders(rows: list[dict], top: int = 2) -> dict[str, list[int]]:
+    """Configuration -> the concurrencies at which the matrix measured it among the `top` best and above
+    the shipped one (the matrix's winner, and the runner-up a slow patch may have cost the win)."""
+    shipped = {r["concurrency"]: r["rps"] for r in rows if r["variant"] == SHIPPED}
+    out: dict[str, list[int]] = {}
+    for c in sorted(shipped):
+        ahead = sorted((r for r in rows if r["concurrency"] == c and r["variant"] != SHIPPED and r["rps"] > shipped[c]),
+                       key=lambda r: -r["rps"])
+        for r in ahead[:top]:
+            out.setdefault(r["variant"], []).append(c)
+    return out
+
+
+def head_to_head_plan(contending: dict[str, list[int]], rounds: int) -> list[tuple[str, list[int]]]:
+    """(configuration, concurrencies) in the order to measure them: shipped at every contested concurrency,
+    then the contenders; every other round reversed (ABBA), so a steady drift of the box falls on each
+    configuration alike."""
+    if not contending:
+        return []
+    contested = sorted({c for cs in contending.values() for c in cs})
+    one_round = [(SHIPPED, contested)] + sorted(contending.items())
+    return [step for r in range(rounds) for step in (one_round if r % 2 == 0 else one_round[::-1])]
+
+
+def head_to_head_means(runs: list[dict]) -> dict[tuple[str, int], float]:
+    """(configuration, concurrency) -> mean req/s over its head-to-head rounds."""
+    groups: dict[tuple[str, int], list[float]] = {}
+    for r in runs:
+        groups.setdefault((r["variant"], r["concurrency"]), []).append(r["rps"])
+    return {key: sum(v) / len(v) for key, v in groups.items()}
+
+
 def sweep_pipeline(name: str, args, out_dir: Path) -> tuple[str, list[dict]]:
     import tritonclient.grpc as grpcclient
 
@@ -201,22 +245,34 @@ def sweep_pipeline(name: str, args, out_dir: Path) -> tuple[str, list[dict]]:
     with TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), explicit_models=[],
                       log_file=log) as server:
         client = grpcclient.InferenceServerClient(server.grpc_url)
-        for variant in [None] + variants:
-            load_variant(client, pipeline, variant)
-            label = SHIPPED if variant is None else variant.name
-            for c in CONCURRENCY:
+        by_name = {v.name: v for v in variants}
+
+        def measure(label: str, levels, into: list[dict]) -> None:
+            load_variant(client, pipeline, None if label == SHIPPED else by_name[label])
+            for c in levels:
                 result = run_load(server.grpc_url, pipeline.ensemble, text_inputs_factory(items, pipeline.input_name),
                                   c, args.window, args.warmup)
                 rss, _, _ = memory_mib(server.process.pid)
-                rows.append({"variant": label, "concurrency": c, "rps": result.throughput,
+                into.append({"variant": label, "concurrency": c, "rps": result.throughput,
                              "p50_ms": result.percentile(50) * 1e3, "p95_ms": result.percentile(95) * 1e3,
                              "errors": result.errors, "rss_mib": rss})
-                print(f"  {label} c{c}: {result.throughput:.1f}/s p50 {rows[-1]['p50_ms']:.1f} ms "
-                      f"p95 {rows[-1]['p95_ms']:.1f} ms", flush=True)
+                print(f"  {label} c{c}: {result.throughput:.1f}/s p50 {into[-1]['p50_ms']:.1f} ms "
+                      f"p95 {into[-1]['p95_ms']:.1f} ms", flush=True)
             unload(client, pipeline)
+
+        for label in [SHIPPED] + list(by_name):
+            measure(label, CONCURRENCY, rows)
+        plan = head_to_head_plan(contenders(rows), args.rounds)
+        print(f"=== {name}: head to head, {args.rounds} rounds: {[label for label, _ in plan]}", flush=True)
+        h2h: list[dict] = []
+        for label, levels in plan:
+            measure(label, levels, h2h)
+    print(f"=== {name}: in-process limit again", flush=True)
+    limit_end = pipeline.limit()
     plots = plot(rows, peer, name, out_dir)
     best = {c: max((r for r in rows if r["concurrency"] == c), key=lambda r: r["rps"]) for c in CONCURRENCY}
-    lines = [f"## {name}", "", f"In-process limit (best path): {limit:.1f} items/s. FastAPI peer: "
+    lines = [f"## {name}", "", f"In-process limit (best path): {limit:.1f} items/s before the matrix, "
+             f"{limit_end:.1f} after the head-to-head rounds. FastAPI peer: "
              + ", ".join(f"c{c} {p.throughput:.1f}/s p50 {p.percentile(50) * 1e3:.1f} ms" for c, p in peer.items()), "",
              "| configuration | concurrency | req/s | p50 ms | p95 ms | served/limit | served/peer | RSS MiB | errors |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -226,23 +282,43 @@ def sweep_pipeline(name: str, args, out_dir: Path) -> tuple[str, list[dict]]:
                      f"{r['rss_mib']:.0f} | {r['errors']} |")
     lines += ["", "Best configuration per concurrency: " + ", ".join(
         f"c{c}: {b['variant']} ({b['rps']:.1f}/s)" for c, b in best.items()), ""]
+    means = head_to_head_means(h2h)
+    lines += head_to_head_lines(h2h, means, args.rounds)
     lines += [f"![{p}]({p})" for p in plots] + [""]
     shipped = {r["concurrency"]: r for r in rows if r["variant"] == SHIPPED}
     summary = [{"pipeline": name, "concurrency": c, "shipped_rps": shipped[c]["rps"], "shipped_p50_ms": shipped[c]["p50_ms"],
                 "best": best[c]["variant"], "best_rps": best[c]["rps"], "peer_rps": peer[c].throughput,
-                "peer_p50_ms": peer[c].percentile(50) * 1e3, "limit": limit} for c in CONCURRENCY]
+                "peer_p50_ms": peer[c].percentile(50) * 1e3, "limit": limit, "limit_end": limit_end,
+                "h2h_shipped_rps": means.get((SHIPPED, c)), "h2h_best_rps": means.get((best[c]["variant"], c))}
+               for c in CONCURRENCY]
     return "\n".join(lines), summary
+
+
+def head_to_head_lines(runs: list[dict], means: dict[tuple[str, int], float], rounds: int) -> list[str]:
+    """The report's head-to-head table: each round's req/s and the mean, per configuration and concurrency."""
+    if not runs:
+        return ["Head to head: no configuration beat the shipped one in the matrix.", ""]
+    lines = [f"Head to head ({rounds} rounds, ABBA order):", "", "| configuration | concurrency | req/s per round | mean |",
+             "|---|---|---|---|"]
+    for (label, c), mean in sorted(means.items(), key=lambda kv: (kv[0][1], kv[0][0] != SHIPPED, kv[0][0])):
+        per_round = " / ".join(f"{r['rps']:.1f}" for r in runs if (r["variant"], r["concurrency"]) == (label, c))
+        lines.append(f"| {label} | {c} | {per_round} | {mean:.1f} |")
+    return lines + [""]
 
 
 def summary_table(summary: list[dict]) -> list[str]:
     """The README's table: the shipped configuration against the sweep's best one, the peer and the limit."""
-    lines = ["| pipeline | concurrency | shipped req/s, p50 | best configuration (req/s) | shipped/best | FastAPI peer "
-             "req/s, p50 | shipped/peer | p50 shipped/peer | served/limit |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| pipeline | concurrency | shipped req/s, p50 | best configuration (req/s) | shipped/best | shipped/best "
+             "head to head | FastAPI peer req/s, p50 | shipped/peer | p50 shipped/peer | served/limit (limit before / after) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in summary:
+        h2h = (f"{r['h2h_shipped_rps']:.1f} / {r['h2h_best_rps']:.1f} = {r['h2h_shipped_rps'] / max(r['h2h_best_rps'], 1e-9):.2f}"
+               if r.get("h2h_best_rps") and r["best"] != SHIPPED else "-")
         lines.append(f"| {r['pipeline']} | {r['concurrency']} | {r['shipped_rps']:.1f}, {r['shipped_p50_ms']:.1f} ms | "
-                     f"{r['best']} ({r['best_rps']:.1f}) | {r['shipped_rps'] / max(r['best_rps'], 1e-9):.2f} | "
+                     f"{r['best']} ({r['best_rps']:.1f}) | {r['shipped_rps'] / max(r['best_rps'], 1e-9):.2f} | {h2h} | "
                      f"{r['peer_rps']:.1f}, {r['peer_p50_ms']:.1f} ms | {r['shipped_rps'] / max(r['peer_rps'], 1e-9):.2f}x | "
-                     f"{r['shipped_p50_ms'] / max(r['peer_p50_ms'], 1e-9):.2f} | {r['shipped_rps'] / max(r['limit'], 1e-9):.2f} |")
+                     f"{r['shipped_p50_ms'] / max(r['peer_p50_ms'], 1e-9):.2f} | {r['shipped_rps'] / max(r['limit'], 1e-9):.2f} / "
+                     f"{r['shipped_rps'] / max(r['limit_end'], 1e-9):.2f} |")
     return lines
 
 
@@ -265,6 +341,7 @@ def main() -> int:
     parser.add_argument("--pipelines", nargs="*", default=list(PIPELINES), choices=list(PIPELINES))
     parser.add_argument("--window", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=1.5)
+    parser.add_argument("--rounds", type=int, default=2, help="head-to-head rounds of shipped vs the configurations that beat it")
     parser.add_argument("--quick", action="store_true", help="two configurations only (smoke run)")
     parser.add_argument("--readme", action="store_true", help="rewrite README.md's generated sweep section")
     args = parser.parse_args()
@@ -276,7 +353,8 @@ def main() -> int:
     header = (f"`make sweep`, {datetime.datetime.now():%Y-%m-%d %H:%M}: window {args.window:g} s per point (warm-up "
               f"{args.warmup:g} s), one run on this machine. Configurations: `{SHIPPED}` (model_repository/ as it is), "
               "then dynamic batching (db: on, queue delay 0; nodb: off) x instances of the main stage x max batch "
-              "size x runtime.")
+              "size x runtime; then shipped against every configuration that beat it, head to head in "
+              f"{args.rounds} rounds (ABBA order).")
     report.write_text(f"# make sweep\n\n{header}\n\n" + "\n".join(summary_table(summary)) + "\n\n"
                       + "\n".join(section for section, _ in results))
     print(f"sweep: wrote {report}")

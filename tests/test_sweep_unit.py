@@ -12,7 +12,8 @@ sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "client"), str(ROOT / "backends"
 import sweep  # noqa: E402
 
 ROW = {"pipeline": "ner", "concurrency": 32, "shipped_rps": 70.0, "shipped_p50_ms": 400.0, "best": "db-i1-b64",
-       "best_rps": 75.0, "peer_rps": 35.0, "peer_p50_ms": 800.0, "limit": 80.0}
+       "best_rps": 75.0, "peer_rps": 35.0, "peer_p50_ms": 800.0, "limit": 80.0, "limit_end": 70.0,
+       "h2h_shipped_rps": 72.0, "h2h_best_rps": 73.0}
 
 
 def test_the_readme_section_is_rewritten_between_its_markers_only(tmp_path, monkeypatch):
@@ -23,10 +24,13 @@ def test_the_readme_section_is_rewritten_between_its_markers_only(tmp_path, monk
     sweep.write_readme(readme, report, [ROW], "header.")
     text = readme.read_text()
     assert text.startswith("before\n") and text.endswith("after\n") and "old table" not in text
-    assert "| ner | 32 | 70.0, 400.0 ms | db-i1-b64 (75.0) | 0.93 | 35.0, 800.0 ms | 2.00x | 0.50 | 0.88 |" in text
+    assert ("| ner | 32 | 70.0, 400.0 ms | db-i1-b64 (75.0) | 0.93 | 72.0 / 73.0 = 0.99 | 35.0, 800.0 ms | 2.00x | 0.50 | "
+            "0.88 / 1.00 |") in text
     assert "bench-results/2026-11-23/report.md" in text
-    sweep.write_readme(readme, report, [dict(ROW, shipped_rps=75.0)], "header.")  # a second run replaces the first
-    assert readme.read_text().count(sweep.README_BEGIN) == 1 and "| 1.00 |" in readme.read_text()
+    # a second run replaces the first; shipped as the matrix's best has no head-to-head ratio
+    sweep.write_readme(readme, report, [dict(ROW, best=sweep.SHIPPED, best_rps=70.0)], "header.")
+    text = readme.read_text()
+    assert text.count(sweep.README_BEGIN) == 1 and "| shipped (70.0) | 1.00 | - |" in text
 
 
 def test_a_readme_without_the_markers_is_an_error(tmp_path):
@@ -39,3 +43,33 @@ def test_a_readme_without_the_markers_is_an_error(tmp_path):
 def test_the_shipped_readme_has_the_section():
     text = (ROOT / "README.md").read_text()
     assert text.count(sweep.README_BEGIN) == 1 and text.count(sweep.README_END) == 1
+
+
+def _row(variant, c, rps):
+    return {"variant": variant, "concurrency": c, "rps": rps}
+
+
+def test_the_contenders_are_the_two_best_that_beat_shipped_at_each_concurrency():
+    rows = [_row(sweep.SHIPPED, 1, 50.0), _row("a", 1, 60.0), _row("b", 1, 55.0), _row("c", 1, 52.0), _row("d", 1, 40.0),
+            _row(sweep.SHIPPED, 32, 100.0), _row("a", 32, 90.0), _row("c", 32, 101.0), _row("d", 32, 99.0)]
+    assert sweep.contenders(rows) == {"a": [1], "b": [1], "c": [32]}
+    assert sweep.contenders(rows, top=3) == {"a": [1], "b": [1], "c": [1, 32]}
+    assert sweep.contenders([_row(sweep.SHIPPED, 1, 50.0), _row("a", 1, 50.0)]) == {}  # a tie does not contend
+
+
+def test_the_head_to_head_runs_shipped_at_every_contested_level_in_abba_order():
+    plan = sweep.head_to_head_plan({"b": [32], "a": [1, 32]}, rounds=3)
+    first = [(sweep.SHIPPED, [1, 32]), ("a", [1, 32]), ("b", [32])]
+    assert plan == first + first[::-1] + first
+    assert sweep.head_to_head_plan({}, rounds=2) == []
+
+
+def test_the_head_to_head_mean_is_per_configuration_and_level():
+    runs = [_row(sweep.SHIPPED, 32, 100.0), _row("a", 32, 120.0), _row("a", 32, 110.0), _row(sweep.SHIPPED, 32, 90.0),
+            _row(sweep.SHIPPED, 1, 10.0)]
+    means = sweep.head_to_head_means(runs)
+    assert means == {(sweep.SHIPPED, 32): 95.0, ("a", 32): 115.0, (sweep.SHIPPED, 1): 10.0}
+    lines = sweep.head_to_head_lines(runs, means, 2)
+    assert "| shipped | 32 | 100.0 / 90.0 | 95.0 |" in lines and "| a | 32 | 120.0 / 110.0 | 115.0 |" in lines
+    assert lines.index("| shipped | 1 | 10.0 | 10.0 |") < lines.index("| shipped | 32 | 100.0 / 90.0 | 95.0 |")
+    assert "no configuration beat" in sweep.head_to_head_lines([], {}, 2)[0]
