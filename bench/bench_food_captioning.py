@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -50,8 +51,17 @@ def stage_code(runtime: str = "onnx", threads: int = 1):
                                max_new_tokens=int(parameter("food_captioning_captioner", "max_new_tokens")),
                                num_beams=int(parameter("food_captioning_captioner", "num_beams")))
 
+    # the served pipeline decodes in two preprocess processes; here `threads` threads share the batch
+    # (Pillow's decode and resize release the GIL)
+    pool = ThreadPoolExecutor(threads)
+
+    def preprocessed(images: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        step = -(-len(images) // threads)
+        parts = list(pool.map(preprocess, [images[i:i + step] for i in range(0, len(images), step)]))
+        return np.concatenate([c for c, _ in parts]), np.concatenate([b for _, b in parts])
+
     def process(images: list[bytes]) -> None:
-        classifier_pixels, blip_pixels = preprocess(images)
+        classifier_pixels, blip_pixels = preprocessed(images)
         labels, _scores = classifier.top1(classifier_pixels)
         captioner.caption(list(blip_pixels), labels)
 

@@ -18,6 +18,7 @@ import argparse
 import datetime
 import itertools
 import json
+import re
 import subprocess
 import sys
 import time
@@ -82,8 +83,9 @@ def _food() -> Pipeline:
 
     from bench_food_captioning import limit, photos
 
-    # the captioner's greedy decoding is most of a request's time: its instances and runtime vary
-    return Pipeline("food_captioning", "food_captioning_captioner", "image", photos, "/caption",
+    # decoding and resizing the JPEGs, in Python, is what the networks wait for (2026-11-24: two preprocess
+    # instances 1.55x one at c32; see its config): its instances vary, the runtime of both networks
+    return Pipeline("food_captioning", "food_captioning_preprocess", "image", photos, "/caption",
                     lambda item: {"images": [base64.b64encode(item).decode()]}, ("onnx", "torch"),
                     lambda: limit(3.0))
 
@@ -107,8 +109,8 @@ def config_json(model: str, variant: Variant, vary_instances: bool) -> str:
         config.pop("dynamic_batching", None)
     if vary_instances:
         config["instance_group"] = [{**config["instance_group"][0], "count": variant.instances}]
-        if variant.runtime:
-            config.setdefault("parameters", {})["runtime"] = {"string_value": variant.runtime}
+    if variant.runtime and "runtime" in config.get("parameters", {}):  # every network of the pipeline alike
+        config["parameters"]["runtime"] = {"string_value": variant.runtime}
     return json.dumps(config)
 
 
@@ -323,16 +325,40 @@ def summary_table(summary: list[dict]) -> list[str]:
 
 
 README_BEGIN, README_END = "<!-- sweep:begin (bench/sweep.py --readme writes this) -->", "<!-- sweep:end -->"
+README_INTRO = ("Each line names the run its pipelines' rows come from (a run of some pipelines, `--pipelines`, "
+                "replaces their rows and keeps the others'); full tables and plots are in that run's report (not "
+                "committed: `bench-results/` is ignored; rerun `make sweep`).")
+_NOTE = re.compile(r"^- ((?:`\w+`(?:, )?)+): (.*)$")  # "- `ner`, `food_captioning`: <the run's header>"
+
+
+def _earlier_parts(section: str, swept: set[str]) -> tuple[list[str], list[str]]:
+    """The run notes and table rows of the README's section for the pipelines this run did not sweep."""
+    notes, rows = [], []
+    for line in section.splitlines():
+        note = _NOTE.match(line)
+        if note:
+            names = [n for n in re.findall(r"`(\w+)`", note.group(1)) if n not in swept]
+            if names:
+                notes.append(f"- {', '.join(f'`{n}`' for n in names)}: {note.group(2)}")
+        elif line.startswith("| ") and not line.startswith("| pipeline |") and line.split("|")[1].strip() not in swept:
+            rows.append(line)
+    return notes, rows
 
 
 def write_readme(readme: Path, report: Path, summary: list[dict], header: str) -> None:
-    """Replace the README's generated sweep section (between the markers) with this run's summary."""
+    """Rewrite the README's generated sweep section (between the markers) with this run's rows, keeping the
+    rows of pipelines it did not sweep."""
     text = readme.read_text()
     if README_BEGIN not in text or README_END not in text:
         raise SystemExit(f"{readme} has no {README_BEGIN} ... {README_END} section")
-    body = [README_BEGIN, "", header + f" Full tables and plots: `{report.relative_to(ROOT)}` (not committed: "
-            "`bench-results/` is ignored; rerun `make sweep`).", ""] + summary_table(summary) + ["", README_END]
     start, end = text.index(README_BEGIN), text.index(README_END) + len(README_END)
+    swept = list(dict.fromkeys(r["pipeline"] for r in summary))
+    notes, rows = _earlier_parts(text[start:end], set(swept))
+    notes.append(f"- {', '.join(f'`{n}`' for n in swept)}: {header} Report: `{report.relative_to(ROOT)}`.")
+    table = summary_table(summary)
+    order = {name: i for i, name in enumerate(PIPELINES)}
+    rows = sorted(rows + table[2:], key=lambda row: order.get(row.split("|")[1].strip(), len(order)))  # stable
+    body = [README_BEGIN, "", README_INTRO, ""] + notes + [""] + table[:2] + rows + ["", README_END]
     readme.write_text(text[:start] + "\n".join(body) + text[end:])
 
 
@@ -349,12 +375,14 @@ def main() -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     results = [sweep_pipeline(name, args, out_dir) for name in args.pipelines]
     summary = [row for _, rows in results for row in rows]
-    report = out_dir / "report.md"
+    # a run of some pipelines keeps the same day's full report
+    report = out_dir / ("report.md" if set(args.pipelines) == set(PIPELINES) else f"report-{'-'.join(args.pipelines)}.md")
     header = (f"`make sweep`, {datetime.datetime.now():%Y-%m-%d %H:%M}: window {args.window:g} s per point (warm-up "
               f"{args.warmup:g} s), one run on this machine. Configurations: `{SHIPPED}` (model_repository/ as it is), "
-              "then dynamic batching (db: on, queue delay 0; nodb: off) x instances of the main stage x max batch "
-              "size x runtime; then shipped against every configuration that beat it, head to head in "
-              f"{args.rounds} rounds (ABBA order).")
+              "then dynamic batching (db: on, queue delay 0; nodb: off) x instances of the main stage ("
+              + ", ".join(f"`{PIPELINES[n]().stage}`" for n in args.pipelines) + ") x max batch size x runtime "
+              f"(of every network); then shipped against every configuration that beat it, head to head in {args.rounds} "
+              "rounds (ABBA order).")
     report.write_text(f"# make sweep\n\n{header}\n\n" + "\n".join(summary_table(summary)) + "\n\n"
                       + "\n".join(section for section, _ in results))
     print(f"sweep: wrote {report}")

@@ -26,11 +26,32 @@ def test_the_readme_section_is_rewritten_between_its_markers_only(tmp_path, monk
     assert text.startswith("before\n") and text.endswith("after\n") and "old table" not in text
     assert ("| ner | 32 | 70.0, 400.0 ms | db-i1-b64 (75.0) | 0.93 | 72.0 / 73.0 = 0.99 | 35.0, 800.0 ms | 2.00x | 0.50 | "
             "0.88 / 1.00 |") in text
-    assert "bench-results/2026-11-23/report.md" in text
+    assert "- `ner`: header. Report: `bench-results/2026-11-23/report.md`." in text
     # a second run replaces the first; shipped as the matrix's best has no head-to-head ratio
     sweep.write_readme(readme, report, [dict(ROW, best=sweep.SHIPPED, best_rps=70.0)], "header.")
     text = readme.read_text()
     assert text.count(sweep.README_BEGIN) == 1 and "| shipped (70.0) | 1.00 | - |" in text
+    assert text.count("| ner | 32 |") == 1 and text.count("- `ner`:") == 1
+
+
+def test_a_run_of_some_pipelines_keeps_the_other_pipelines_rows_and_run_notes(tmp_path, monkeypatch):
+    monkeypatch.setattr(sweep, "ROOT", tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{sweep.README_BEGIN}\n{sweep.README_END}\n")
+    first = tmp_path / "bench-results" / "2026-11-23" / "report.md"
+    sweep.write_readme(readme, first, [dict(ROW, pipeline=p, concurrency=c) for p in sweep.PIPELINES for c in (1, 32)],
+                       "full run.")
+    assert "- `text_embedding`, `ner`, `food_captioning`: full run." in readme.read_text()
+    later = tmp_path / "bench-results" / "2026-11-24" / "report-ner.md"
+    sweep.write_readme(readme, later, [dict(ROW, pipeline="ner", concurrency=c, shipped_rps=99.0) for c in (1, 32)],
+                       "ner again.")
+    text = readme.read_text()
+    assert "- `text_embedding`, `food_captioning`: full run. Report: `bench-results/2026-11-23/report.md`." in text
+    assert "- `ner`: ner again. Report: `bench-results/2026-11-24/report-ner.md`." in text
+    rows = [line.split("|")[1:4] for line in text.splitlines() if line.startswith("| ") and "pipeline" not in line]
+    # the pipelines in their usual order, each row once, ner's from the later run
+    assert [(p.strip(), c.strip()) for p, c, _ in rows] == [(p, c) for p in sweep.PIPELINES for c in ("1", "32")]
+    assert all(shipped.startswith(" 99.0") == (p.strip() == "ner") for p, _, shipped in rows)
 
 
 def test_a_readme_without_the_markers_is_an_error(tmp_path):
@@ -73,3 +94,16 @@ def test_the_head_to_head_mean_is_per_configuration_and_level():
     assert "| shipped | 32 | 100.0 / 90.0 | 95.0 |" in lines and "| a | 32 | 120.0 / 110.0 | 115.0 |" in lines
     assert lines.index("| shipped | 1 | 10.0 | 10.0 |") < lines.index("| shipped | 32 | 100.0 / 90.0 | 95.0 |")
     assert "no configuration beat" in sweep.head_to_head_lines([], {}, 2)[0]
+
+
+def test_a_variant_sets_the_runtime_of_every_network_and_the_instances_of_the_main_stage_only():
+    import json
+
+    variant = sweep.Variant(dynamic_batching=False, instances=2, max_batch=8, runtime="torch")
+    classifier = json.loads(sweep.config_json("food_captioning_classifier", variant, vary_instances=False))
+    assert classifier["parameters"]["runtime"] == {"string_value": "torch"}
+    assert classifier["instance_group"][0]["count"] == 1 and "dynamic_batching" not in classifier
+    assert classifier["max_batch_size"] == 8
+    preprocess = json.loads(sweep.config_json("food_captioning_preprocess", variant, vary_instances=True))
+    assert preprocess["instance_group"][0]["count"] == 2 and "runtime" not in preprocess["parameters"]
+    assert sweep.PIPELINES["food_captioning"]().stage == "food_captioning_preprocess"
