@@ -1,6 +1,7 @@
 """bench/sweep.py's README section: written between its markers from the run's figures, nothing else touched."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -97,8 +98,6 @@ def test_the_head_to_head_mean_is_per_configuration_and_level():
 
 
 def test_a_variant_sets_the_runtime_of_every_network_and_the_instances_of_the_main_stage_only():
-    import json
-
     variant = sweep.Variant(dynamic_batching=False, instances=2, max_batch=8, runtime="torch")
     classifier = json.loads(sweep.config_json("food_captioning_classifier", variant, vary_instances=False))
     assert classifier["parameters"]["runtime"] == {"string_value": "torch"}
