@@ -241,6 +241,8 @@ def test_classifier_equals_its_own_forward_and_varies(preprocess, classifier, re
         expected_label, expected_score = reference_top1(reference_classifier, decoded(name))
         assert label == expected_label, name
         assert abs(score - expected_score) < 1e-4, name  # ONNX Runtime as shipped: logits within 1e-4
+        # the captioner's copy of the label (food_captioning's config: an ensemble output must not feed a step)
+        assert response.output("prompt_label")[0, 0].decode() == label, name
         labels.add(label)
     assert len(labels) >= 3, f"the demo classifier's prediction should follow the image: {labels}"
 
