@@ -1,7 +1,6 @@
 """`make triton`'s launcher: ready on the requested ports, and SIGTERM / Ctrl-C leave nothing behind."""
 from __future__ import annotations
 
-import glob
 import os
 import signal
 import subprocess
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.triton_launcher import ROOT, SHM_GLOB, free_port, process_tree
+from tools.triton_launcher import ROOT, free_port, process_tree, shm_regions_mapped
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +28,6 @@ def test_launcher_serves_then_stops_cleanly(sig, tmp_path):
              "GATEWAY_PORT": free_port()}
     env = dict(os.environ, LOAD_MODELS="text_embedding", DATA_DIR=str(tmp_path / "data"),
                **{k: str(v) for k, v in ports.items()})
-    shm_before = set(glob.glob(SHM_GLOB))
     log = (tmp_path / "launcher.log").open("w+")
     proc = subprocess.Popen([sys.executable, str(ROOT / "tools" / "triton_launcher.py")],
                             env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -44,10 +42,13 @@ def test_launcher_serves_then_stops_cleanly(sig, tmp_path):
         assert f"127.0.0.1:{ports['GATEWAY_PORT']}" in output
         server_and_stubs = process_tree(proc.pid)[1:]
         assert len(server_and_stubs) >= 5, "the gateway, tritonserver and the text_embedding stubs should be running"
+        # this launcher's regions (other servers on the box, the session's or a neighbour's, make their own)
+        regions = shm_regions_mapped(server_and_stubs)
+        assert regions, "the stubs should map their shared-memory regions"
         proc.send_signal(sig)
         assert proc.wait(timeout=90) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
     assert not [p for p in server_and_stubs if alive(p)], "server or stub processes outlived the launcher"
-    assert not (set(glob.glob(SHM_GLOB)) - shm_before), "shared-memory regions left in /dev/shm"
+    assert not [r for r in regions if os.path.exists(r)], "shared-memory regions left in /dev/shm"
