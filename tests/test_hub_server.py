@@ -1,0 +1,96 @@
+"""A runtime load by hub id through a live gateway, against tests/fake_hub.py (HF_ENDPOINT), never the
+real hub: the model is downloaded once however many clients ask, generated and exported like a local
+folder, and serves the same embeddings as the same files loaded from a folder under MODEL_ROOTS; the
+allowlist and a missing model answer with their own status and code in OpenAI's error shape.
+
+The gateway here is one of its own (HUB_DOWNLOADS=fake-org) beside the session's Triton: its DATA_DIR
+is fresh, but its generated models go into the Triton repository of the session (a symlink) and it
+shares the session's ONNX cache."""
+from __future__ import annotations
+
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from fake_hub import FakeHub
+from gateway_helpers import CLIP_DEMO, ST_CLS_DEMO
+from model_configs import ROOT
+
+pytestmark = pytest.mark.integration
+HUB_ID, LOCAL = "fake-org/st-cls-demo", "hub-test-copy/st-cls-demo"
+TEXTS = ["A man is eating food.", "  The girl is carrying a baby.  ", "Ünïcödé text!?", "x " * 300]
+
+
+@pytest.fixture(scope="module")
+def hub_gateway(triton, data_dir, tmp_path_factory):
+    from gateway.settings import default_model_roots
+    from tools.gateway_process import GatewayProcess
+    from tools.triton_launcher import free_port
+
+    own = tmp_path_factory.mktemp("hub_gateway")
+    (data_dir / "triton_models").mkdir(parents=True, exist_ok=True)
+    (own / "data").mkdir()
+    (own / "data" / "triton_models").symlink_to(data_dir / "triton_models", target_is_directory=True)
+    models = own / "models"
+    shutil.copytree(ROOT / ST_CLS_DEMO, models / LOCAL)
+    with FakeHub() as fake:
+        fake.add(HUB_ID, ROOT / ST_CLS_DEMO)
+        fake.add("fake-org/clip-demo", ROOT / CLIP_DEMO)
+        fake.add("other-org/st-cls-demo", ROOT / ST_CLS_DEMO)
+        fake.throttle_s = 0.001  # the download lasts while the second client asks
+        roots = [*default_model_roots(), models]
+        process = GatewayProcess(triton.grpc_url, port=free_port(), data_dir=own / "data", log_file=own / "gateway.log",
+                                 env={"HF_ENDPOINT": fake.url, "HUB_DOWNLOADS": "fake-org", "PRELOAD_MODELS": "",
+                                      "ONNX_CACHE_DIR": str(data_dir / "onnx_cache"),
+                                      "MODEL_ROOTS": os.pathsep.join(str(r) for r in roots)})
+        import httpx
+
+        process.start(timeout=180)
+        client = httpx.Client(base_url=process.url, timeout=600)
+        try:
+            yield client, fake, own
+        finally:
+            for name in (HUB_ID, LOCAL):
+                client.post("/unload_model", json={"model_name": name})
+            client.close()
+            process.stop()
+
+
+def embeddings(client, model: str) -> np.ndarray:
+    r = client.post("/v1/embeddings", json={"model": model, "input": TEXTS})
+    assert r.status_code == 200, r.text
+    return np.array([d["embedding"] for d in r.json()["data"]], dtype=np.float32)
+
+
+def test_a_load_by_hub_id_downloads_once_and_serves_what_the_folder_serves(hub_gateway):
+    client, fake, own = hub_gateway
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda _: client.post("/load_sentence_transformer_model",
+                                                      json={"model_name": HUB_ID}), range(2)))
+    assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
+    assert fake.downloads(HUB_ID, "model.safetensors") == 1
+    assert list((own / "data" / "hub_cache").glob("models--fake-org--st-cls-demo/snapshots/*/model.safetensors"))
+    r = client.post("/load_sentence_transformer_model", json={"model_name": LOCAL})
+    assert r.status_code == 200, r.text
+    hub_model, local_model = answers[0].json()["model"], r.json()["model"]
+    assert hub_model["dimension"] == local_model["dimension"]
+    assert np.allclose(embeddings(client, HUB_ID), embeddings(client, LOCAL), atol=1e-6)
+    log = (own / "gateway.log").read_text(errors="replace")
+    assert "hub download fake-org/st-cls-demo" in log and "done" in log, "progress is in the log"
+
+
+@pytest.mark.parametrize("name,status,code,words", [
+    ("other-org/st-cls-demo", 403, "hub_model_not_allowed", ["HUB_DOWNLOADS=fake-org", "other-org"]),
+    ("fake-org/no-such-model", 404, "model_not_found", ["does not exist"]),
+    ("fake-org/clip-demo", 422, "unsupported_model", ["not a sentence-transformers model"])])
+def test_refusals_through_the_gateway(hub_gateway, name, status, code, words):
+    client, fake, _ = hub_gateway
+    r = client.post("/load_sentence_transformer_model", json={"model_name": name})
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["code"] == code and error["param"] == "model_name"
+    assert all(w in error["message"] for w in words), error["message"]
+    assert fake.downloads(name, "model.safetensors") == 0
