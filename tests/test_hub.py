@@ -226,3 +226,19 @@ def test_a_download_over_its_timeout_is_stopped_and_resumed_later(fake_hub, tmp_
     fake_hub.throttle_s = 0
     folder = hub.hub_folder(ST_ID, "sentence_transformer", options(fake_hub, tmp_path))
     assert (folder / "model.safetensors").read_bytes() == (ROOT / ST_CLS_DEMO / "model.safetensors").read_bytes()
+
+
+def test_hf_hub_offline_in_the_gateways_environment_is_named(tmp_path):
+    """huggingface_hub reads HF_HUB_OFFLINE at import: a process of its own, as a gateway started with it."""
+    import subprocess
+    import sys
+
+    code = ("import pathlib; from gateway import hub, errors\n"
+            "try:\n"
+            f"    hub.hub_folder('{ST_ID}', 'sentence_transformer', hub.HubOptions(downloads='on', "
+            f"cache_dir=pathlib.Path({str(tmp_path)!r})))\n"
+            "except errors.HubDownloadsOff as e:\n"
+            "    print(e.status, e.message)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.startswith("403 ") and "HF_HUB_OFFLINE=1" in out.stdout, out.stdout + out.stderr
