@@ -252,6 +252,16 @@ def completed(repo_id: str, options: HubOptions) -> Path | None:
     return None
 
 
+_running: set[subprocess.Popen] = set()  # download children, killed when the gateway stops
+
+
+def stop_downloads() -> None:
+    """Kill the downloads in progress (the gateway is stopping: a download thread must not keep the
+    process alive until it ends). Nothing is recorded as complete; the next load resumes them."""
+    for process in list(_running):
+        process.kill()
+
+
 def _bytes_on_disk(storage: Path) -> int:
     try:
         return sum(p.stat().st_size for p in (storage / "blobs").iterdir() if p.is_file())
@@ -279,11 +289,12 @@ def _run_child(plan: Plan, options: HubOptions, deadline: float) -> None:
     stderr = tempfile.TemporaryFile("w+")  # not a pipe: a chatty child must never block on it
     process = subprocess.Popen([sys.executable, "-m", "gateway.hub_download"], cwd=ROOT, env=env, text=True,
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
-    process.stdin.write(json.dumps(job))
-    process.stdin.close()
+    _running.add(process)
     started, last_report, result = time.monotonic(), 0.0, None
     base = _bytes_on_disk(storage)  # blobs of other commits already there
     try:
+        process.stdin.write(json.dumps(job))
+        process.stdin.close()
         while True:
             now = time.monotonic()
             if now > deadline:
@@ -314,6 +325,8 @@ def _run_child(plan: Plan, options: HubOptions, deadline: float) -> None:
         process.wait()
         stderr.close()
         raise
+    finally:
+        _running.discard(process)
     stderr.seek(0)
     tail = " | ".join(stderr.read().strip().splitlines()[-3:])[-500:]
     stderr.close()

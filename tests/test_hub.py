@@ -242,3 +242,28 @@ def test_hf_hub_offline_in_the_gateways_environment_is_named(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
                          capture_output=True, text=True, timeout=120)
     assert out.stdout.startswith("403 ") and "HF_HUB_OFFLINE=1" in out.stdout, out.stdout + out.stderr
+
+
+def test_stopping_the_gateway_kills_a_download_in_progress(fake_hub, tmp_path):
+    import time
+
+    fake_hub.throttle_s = 0.05  # ~10 s of download
+    outcome = []
+    thread = threading.Thread(target=lambda: outcome.append(_attempt(options(fake_hub, tmp_path))))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not hub._running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert hub._running, "the download child did not start"
+    hub.stop_downloads()  # what ModelRegistry.close does
+    thread.join(30)
+    assert not thread.is_alive(), "the load thread ended with its child"
+    assert isinstance(outcome[0], errors.ApiError) and not hub._running
+    assert hub.completed(ST_ID, options(fake_hub, tmp_path)) is None
+
+
+def _attempt(opts):
+    try:
+        return hub.hub_folder(ST_ID, "sentence_transformer", opts)
+    except errors.ApiError as exc:
+        return exc
