@@ -21,6 +21,7 @@ from model_configs import ROOT
 
 pytestmark = pytest.mark.integration
 HUB_ID, LOCAL = "fake-org/st-cls-demo", "hub-test-copy/st-cls-demo"
+OPEN_CLIP_REPO = "laion/CLIP-ViT-B-32-laion2B-s34B-b79K"
 TEXTS = ["A man is eating food.", "  The girl is carrying a baby.  ", "Ünïcödé text!?", "x " * 300]
 
 
@@ -40,10 +41,11 @@ def hub_gateway(triton, data_dir, tmp_path_factory):
         fake.add(HUB_ID, ROOT / ST_CLS_DEMO)
         fake.add("fake-org/clip-demo", ROOT / CLIP_DEMO)
         fake.add("other-org/st-cls-demo", ROOT / ST_CLS_DEMO)
+        fake.add(OPEN_CLIP_REPO, ROOT / CLIP_DEMO)  # where the open_clip table sends ViT-B-32 + laion2b_s34b_b79k
         fake.throttle_s = 0.001  # the download lasts while the second client asks
         roots = [*default_model_roots(), models]
         process = GatewayProcess(triton.grpc_url, port=free_port(), data_dir=own / "data", log_file=own / "gateway.log",
-                                 env={"HF_ENDPOINT": fake.url, "HUB_DOWNLOADS": "fake-org", "PRELOAD_MODELS": "",
+                                 env={"HF_ENDPOINT": fake.url, "HUB_DOWNLOADS": "fake-org,laion", "PRELOAD_MODELS": "",
                                       "ONNX_CACHE_DIR": str(data_dir / "onnx_cache"),
                                       "MODEL_ROOTS": os.pathsep.join(str(r) for r in roots)})
         import httpx
@@ -53,8 +55,8 @@ def hub_gateway(triton, data_dir, tmp_path_factory):
         try:
             yield client, fake, own
         finally:
-            for name in (HUB_ID, LOCAL):
-                client.post("/unload_model", json={"model_name": name})
+            for name, pretrained in ((HUB_ID, None), (LOCAL, None), ("ViT-B-32", "laion2b_s34b_b79k")):
+                client.post("/unload_model", json={"model_name": name, "pretrained": pretrained})
             client.close()
             process.stop()
 
@@ -83,7 +85,7 @@ def test_a_load_by_hub_id_downloads_once_and_serves_what_the_folder_serves(hub_g
 
 
 @pytest.mark.parametrize("name,status,code,words", [
-    ("other-org/st-cls-demo", 403, "hub_model_not_allowed", ["HUB_DOWNLOADS=fake-org", "other-org"]),
+    ("other-org/st-cls-demo", 403, "hub_model_not_allowed", ["HUB_DOWNLOADS=fake-org,laion", "other-org"]),
     ("fake-org/no-such-model", 404, "model_not_found", ["does not exist"]),
     ("fake-org/clip-demo", 422, "unsupported_model", ["not a sentence-transformers model"])])
 def test_refusals_through_the_gateway(hub_gateway, name, status, code, words):
@@ -94,3 +96,21 @@ def test_refusals_through_the_gateway(hub_gateway, name, status, code, words):
     assert error["code"] == code and error["param"] == "model_name"
     assert all(w in error["message"] for w in words), error["message"]
     assert fake.downloads(name, "model.safetensors") == 0
+
+
+def test_the_seeds_clip_example_loads_through_the_open_clip_table(hub_gateway):
+    """POST /load_clip_model {"model_name": "ViT-B-32", "pretrained": "laion2b_s34b_b79k"}: the repository the
+    table names is downloaded (here: the demo CLIP's files) and serves CLIPModel's text and image features."""
+    from gateway_helpers import clip_image_features, clip_text_features, png_bytes, b64
+
+    client, fake, _ = hub_gateway
+    r = client.post("/load_clip_model", json={"model_name": "ViT-B-32", "pretrained": "laion2b_s34b_b79k"})
+    assert r.status_code == 200, r.text
+    assert fake.downloads(OPEN_CLIP_REPO, "model.safetensors") == 1
+    texts, images = ["a photo of a cat", "stripes"], [png_bytes((64, 48), (10, 200, 10), pattern=2)]
+    r = client.post("/infer", json={"model_name": "ViT-B-32", "pretrained": "laion2b_s34b_b79k", "text": texts,
+                                    "image": [b64(i) for i in images]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    np.testing.assert_allclose(np.array(body["text_embeddings"]), clip_text_features(texts), atol=1e-5)
+    np.testing.assert_allclose(np.array(body["image_embeddings"]), clip_image_features(images), atol=1e-5)
