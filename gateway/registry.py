@@ -183,8 +183,8 @@ class ModelRegistry:
         try:
             self.loads_started += 1
             await self._make_room(entry)
-            source = await asyncio.to_thread(modelgen.resolve_source, name, pretrained, entry.kind, self.settings.model_roots,
-                                             self.settings.hub_options())
+            source = await asyncio.to_thread(modelgen.resolve_source, name, pretrained, entry.kind,
+                                             self.settings.model_roots, self.settings.hub_options())
             spec = await asyncio.to_thread(modelgen.generate, name, pretrained, entry.kind, source, self.repository,
                                            export=self.export)
             started = time.monotonic()

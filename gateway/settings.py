@@ -110,7 +110,8 @@ class Settings:
 
         return HubOptions(downloads=self.hub_downloads, allowlist=self.hub_allowlist,
                           max_bytes=self.hub_max_download_bytes, allow_pickle=self.hub_allow_pickle,
-                          timeout_s=self.hub_download_timeout_s, cache_dir=self.hub_cache_dir or self.data_dir / "hub_cache",
+                          timeout_s=self.hub_download_timeout_s,
+                          cache_dir=self.hub_cache_dir or self.data_dir / "hub_cache",
                           endpoint=self.hf_endpoint, token=self.hf_token)
 
     @classmethod

@@ -193,7 +193,8 @@ class _Handler(BaseHTTPRequestHandler):
                 if path.endswith((".safetensors", ".bin")):
                     sibling["lfs"] = {"sha256": repo.sha256(path), "size": size, "pointerSize": 134}
             siblings.append(sibling)
-        body = {"_id": repo.commit[:24], "id": repo.repo_id, "modelId": repo.repo_id, "author": repo.repo_id.split("/")[0],
+        body = {"_id": repo.commit[:24], "id": repo.repo_id, "modelId": repo.repo_id,
+                "author": repo.repo_id.split("/")[0],
                 "sha": repo.commit, "lastModified": "2026-01-01T00:00:00.000Z", "private": repo.private,
                 "gated": "manual" if repo.gated else False, "disabled": False, "tags": [],
                 "library_name": "sentence-transformers" if "modules.json" in repo.files else "transformers",

@@ -77,7 +77,8 @@ def test_settings_from_env(tmp_path):
     s = Settings.from_env({"HOST": "0.0.0.0", "HUB_DOWNLOADS": " Sentence-Transformers, intfloat/e5-small-v2 ,laion",
                            "HUB_MAX_DOWNLOAD_BYTES": "1000", "HUB_ALLOW_PICKLE": "1", "HF_TOKEN": "hf_x",
                            "DATA_DIR": str(tmp_path)})
-    assert (s.hub_downloads, s.hub_allowlist) == ("allowlist", ("sentence-transformers", "intfloat/e5-small-v2", "laion"))
+    assert (s.hub_downloads, s.hub_allowlist) == ("allowlist",
+                                                  ("sentence-transformers", "intfloat/e5-small-v2", "laion"))
     o = s.hub_options()
     assert (o.max_bytes, o.allow_pickle, o.token, o.cache_dir) == (1000, True, "hf_x", tmp_path / "hub_cache")
     assert "hf_x" not in repr(s) and "hf_x" not in repr(o), "the token never shows in a repr"
