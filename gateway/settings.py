@@ -105,14 +105,13 @@ class Settings:
         """Exported graphs of runtime-loaded models, per weights (outside the repository Triton reads)."""
         return self.onnx_cache_dir or self.data_dir / "onnx_cache"
 
-    def hub_options(self):
-        from gateway.hub import HubOptions
-
-        return HubOptions(downloads=self.hub_downloads, allowlist=self.hub_allowlist,
-                          max_bytes=self.hub_max_download_bytes, allow_pickle=self.hub_allow_pickle,
-                          timeout_s=self.hub_download_timeout_s,
-                          cache_dir=self.hub_cache_dir or self.data_dir / "hub_cache",
-                          endpoint=self.hf_endpoint, token=self.hf_token)
+    def hub_options(self) -> hub.HubOptions:
+        """What gateway/hub.py needs of these settings, for one load."""
+        return hub.HubOptions(downloads=self.hub_downloads, allowlist=self.hub_allowlist,
+                              max_bytes=self.hub_max_download_bytes, allow_pickle=self.hub_allow_pickle,
+                              timeout_s=self.hub_download_timeout_s,
+                              cache_dir=self.hub_cache_dir or self.data_dir / "hub_cache",
+                              endpoint=self.hf_endpoint, token=self.hf_token)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "Settings":
