@@ -69,6 +69,59 @@ class Internal(ApiError):
     status, type = 500, "internal_error"
 
 
+# ---- runtime loads from the Hugging Face hub (gateway/hub.py, docs/hub-downloads.md): one type per cause
+class HubError(ApiError):
+    """Base of the hub-download errors: each cause has its own class, status and `code`."""
+    default_code = "hub_error"
+
+    def __init__(self, message: str, param: str | None = "model_name", code: str | None = None):
+        super().__init__(message, param=param, code=code or self.default_code)
+
+
+class HubDownloadsOff(HubError):
+    """HUB_DOWNLOADS=off (or HF_HUB_OFFLINE=1 in the gateway's environment)."""
+    status, type, default_code = 403, "permission_error", "hub_downloads_off"
+
+
+class HubNotAllowed(HubError):
+    """The repository is not on the HUB_DOWNLOADS allowlist."""
+    status, type, default_code = 403, "permission_error", "hub_model_not_allowed"
+
+
+class HubGated(HubError):
+    """Gated (or private) on the hub and HF_TOKEN is unset or has no access."""
+    status, type, default_code = 403, "permission_error", "hub_model_gated"
+
+
+class HubModelNotFound(HubError):
+    status, type, default_code = 404, "not_found_error", "model_not_found"
+
+
+class HubTooLarge(HubError):
+    """The files the loader needs add up to more than HUB_MAX_DOWNLOAD_BYTES."""
+    status, type, default_code = 413, "payload_too_large_error", "hub_model_too_large"
+
+
+class HubPickleRefused(HubError):
+    """Only pickled weights (.bin/.pt/.pth/.ckpt) and HUB_ALLOW_PICKLE is not 1."""
+    status, type, default_code = 422, "invalid_request_error", "hub_pickle_refused"
+
+
+class NotEmbeddingModel(HubError):
+    """The repository is not a sentence-transformers model / a transformers CLIP model the gateway can serve."""
+    status, type, default_code = 422, "invalid_request_error", "unsupported_model"
+
+
+class HubUnreachable(HubError):
+    """The hub (HF_ENDPOINT) did not answer, or answered with a server error."""
+    status, type, default_code = 502, "hub_unreachable_error", "hub_unreachable"
+
+
+class HubDownloadTimeout(HubError):
+    """The download took longer than HUB_DOWNLOAD_TIMEOUT_S (stopped; a later load resumes it)."""
+    status, type, default_code = 504, "timeout_error", "hub_download_timeout"
+
+
 def internal(exc: BaseException, where: str = "") -> Internal:
     """Log `exc` with a fresh id; the client sees the id only."""
     error_id = uuid.uuid4().hex[:12]

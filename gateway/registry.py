@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import AsyncIterator
 
-from gateway import errors, modelgen
+from gateway import errors, hub, modelgen
 from gateway.modelgen import ModelSpec
 from gateway.settings import Settings
 from gateway.triton_engine import TritonEngine
@@ -88,6 +88,7 @@ class ModelRegistry:
         for task in list(self._tasks):
             task.cancel()
         modelgen.onnx_cache.stop_exports()  # a generate thread must not keep the process alive until it ends
+        hub.stop_downloads()  # nor a hub download
 
     def _save(self) -> None:
         models = [{"model_name": e.key[0], "pretrained": e.key[1], "kind": e.kind}
@@ -182,7 +183,8 @@ class ModelRegistry:
         try:
             self.loads_started += 1
             await self._make_room(entry)
-            source = await asyncio.to_thread(modelgen.resolve_source, name, pretrained, entry.kind, self.settings.model_roots)
+            source = await asyncio.to_thread(modelgen.resolve_source, name, pretrained, entry.kind,
+                                             self.settings.model_roots, self.settings.hub_options())
             spec = await asyncio.to_thread(modelgen.generate, name, pretrained, entry.kind, source, self.repository,
                                            export=self.export)
             started = time.monotonic()

@@ -5,6 +5,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gateway import hub
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -81,6 +83,16 @@ class Settings:
     onnx_export_timeout_s: float = 900.0
     onnx_export_tolerance: float = 1e-4
     onnx_cache_dir: Path | None = None
+    # hub downloads of runtime loads (gateway/hub.py, docs/hub-downloads.md): HUB_DOWNLOADS off | on |
+    # allowlist; unset: hub.default_downloads (on with API keys or on loopback, else off)
+    hub_downloads: str = "off"
+    hub_allowlist: tuple[str, ...] = ()
+    hub_max_download_bytes: int = 5_000_000_000
+    hub_allow_pickle: bool = False
+    hub_download_timeout_s: float = 1800.0
+    hub_cache_dir: Path | None = None  # default DATA_DIR/hub_cache
+    hf_endpoint: str | None = None
+    hf_token: str | None = field(default=None, repr=False)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -93,15 +105,27 @@ class Settings:
         """Exported graphs of runtime-loaded models, per weights (outside the repository Triton reads)."""
         return self.onnx_cache_dir or self.data_dir / "onnx_cache"
 
+    def hub_options(self) -> hub.HubOptions:
+        """What gateway/hub.py needs of these settings, for one load."""
+        return hub.HubOptions(downloads=self.hub_downloads, allowlist=self.hub_allowlist,
+                              max_bytes=self.hub_max_download_bytes, allow_pickle=self.hub_allow_pickle,
+                              timeout_s=self.hub_download_timeout_s,
+                              cache_dir=self.hub_cache_dir or self.data_dir / "hub_cache",
+                              endpoint=self.hf_endpoint, token=self.hf_token)
+
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "Settings":
         env = dict(os.environ if env is None else env)
         d = cls()
         get = env.get
         state = get("SUPERVISOR_STATE_FILE")
+        host = get("HOST", d.host)
+        # GATEWAY_API_KEYS_FILE: the gateway's API keys (issue #25): with keys, loading needs an admin key
+        hub_default = hub.default_downloads(host, keys_configured=bool(get("GATEWAY_API_KEYS_FILE", "").strip()))
+        hub_downloads, hub_allowlist = hub.parse_downloads(get("HUB_DOWNLOADS"), hub_default)
         return cls(
             triton_grpc_url=get("TRITON_GRPC_URL", f"127.0.0.1:{get('GRPC_PORT', '8001')}"),
-            host=get("HOST", d.host),
+            host=host,
             port=int(get("GATEWAY_PORT", d.port)),
             data_dir=Path(get("DATA_DIR", str(d.data_dir))).expanduser().resolve(),
             model_roots=_paths(get("MODEL_ROOTS", "")) or d.model_roots,
@@ -130,4 +154,12 @@ class Settings:
             onnx_export_timeout_s=float(get("ONNX_EXPORT_TIMEOUT_S", d.onnx_export_timeout_s)),
             onnx_export_tolerance=float(get("ONNX_EXPORT_TOLERANCE", d.onnx_export_tolerance)),
             onnx_cache_dir=Path(get("ONNX_CACHE_DIR")).expanduser().resolve() if get("ONNX_CACHE_DIR") else None,
+            hub_downloads=hub_downloads,
+            hub_allowlist=hub_allowlist,
+            hub_max_download_bytes=int(get("HUB_MAX_DOWNLOAD_BYTES", d.hub_max_download_bytes)),
+            hub_allow_pickle=_flag("HUB_ALLOW_PICKLE", get("HUB_ALLOW_PICKLE", "0")),
+            hub_download_timeout_s=float(get("HUB_DOWNLOAD_TIMEOUT_S", d.hub_download_timeout_s)),
+            hub_cache_dir=Path(get("HUB_CACHE_DIR")).expanduser().resolve() if get("HUB_CACHE_DIR") else None,
+            hf_endpoint=get("HF_ENDPOINT") or None,
+            hf_token=get("HF_TOKEN") or None,
         )

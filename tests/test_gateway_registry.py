@@ -47,7 +47,7 @@ def generated(monkeypatch, tmp_path):
         return ModelSpec(model_name=name, pretrained=pretrained, kind=kind, dimension=8, max_tokens=16,
                          text_model=base, image_model=None, triton_models=(base, base + "_encoder"), normalized=True)
 
-    monkeypatch.setattr(modelgen, "resolve_source", lambda name, pretrained, kind, roots: tmp_path)
+    monkeypatch.setattr(modelgen, "resolve_source", lambda name, pretrained, kind, roots, hub_options=None: tmp_path)
     monkeypatch.setattr(modelgen, "generate", generate)
     return calls
 

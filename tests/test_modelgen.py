@@ -107,15 +107,13 @@ def test_a_file_is_not_a_model_folder(roots):
         local_folder("org/model/config.json", [roots[0]])
 
 
-def test_unknown_names_and_uncached_hub_ids_are_not_found(roots, monkeypatch):
-    import huggingface_hub.constants
+def test_unknown_names_are_not_found_and_hub_ids_need_downloads(roots):
+    from gateway.errors import HubDownloadsOff
 
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(NotFound, match="neither a folder under MODEL_ROOTS nor a hub id"):
         resolve_source("no such model", None, "sentence_transformer", [roots[0]])
-    with pytest.raises(NotFound, match="nobody-here/no-such-model-xyz") as caught:
-        resolve_source("nobody-here/no-such-model-xyz", None, "sentence_transformer", [roots[0]])
+    with pytest.raises(HubDownloadsOff, match="nobody-here/no-such-model-xyz.*HUB_DOWNLOADS=off") as caught:
+        resolve_source("nobody-here/no-such-model-xyz", None, "sentence_transformer", [roots[0]])  # no hub options: off
     assert "Traceback" not in caught.value.message and caught.value.param == "model_name"
 
 
@@ -135,7 +133,7 @@ def test_open_clip_pair_goes_to_its_hub_repository(monkeypatch, tmp_path):
     from gateway.modelgen import sources
 
     asked = []
-    monkeypatch.setattr(sources, "hub_folder", lambda repo: asked.append(repo) or tmp_path)
+    monkeypatch.setattr(sources, "hub_folder", lambda repo, kind, options: asked.append(repo) or tmp_path)
     assert resolve_source("ViT-B-32", "laion2b_s34b_b79k", "clip", [ROOT]) == tmp_path
     assert asked == ["laion/CLIP-ViT-B-32-laion2B-s34B-b79K"]
 

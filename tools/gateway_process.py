@@ -20,7 +20,8 @@ class GatewayProcess:
         self.env = dict(os.environ)
         self.env.update({"TRITON_GRPC_URL": triton_grpc_url, "HOST": host, "GATEWAY_PORT": str(port),
                          "DATA_DIR": str(self.data_dir), "PYTHONPATH": str(ROOT)})
-        self.env.setdefault("HF_HUB_OFFLINE", "1")
+        # no HF_HUB_OFFLINE here: hub downloads of runtime loads are governed by HUB_DOWNLOADS (gateway/hub.py);
+        # HF_ENDPOINT, HF_TOKEN and HUB_* pass through from the environment
         self.env.setdefault("TOKENIZERS_PARALLELISM", "false")
         self.env.update(env or {})
         self.process: subprocess.Popen | None = None

@@ -40,6 +40,8 @@ def server_env() -> dict[str, str]:
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env["PYTHONDONTWRITEBYTECODE"] = "1"
+    # Triton's stubs only read model folders on disk; hub downloads of runtime loads are the gateway's
+    # (HUB_DOWNLOADS, gateway/hub.py), whose environment is not this one
     env.setdefault("HF_HUB_OFFLINE", "1")
     return env
 

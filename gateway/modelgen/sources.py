@@ -7,9 +7,10 @@ import re
 from pathlib import Path
 from typing import Sequence
 
+from gateway import hub
 from gateway.errors import BadRequest, NotFound
 
-HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+HUB_ID = hub.HUB_ID
 MAX_NAME = 300
 
 # open_clip (model, pretrained) -> transformers CLIPModel repository (open_clip itself needs torchvision)
@@ -26,7 +27,6 @@ OPEN_CLIP_MODELS: dict[tuple[str, str], str] = {
     ("ViT-bigG-14", "laion2b_s39b_b160k"): "laion/CLIP-ViT-bigG-14-laion2B-39B-b160k",
 }
 OPEN_CLIP_ARCHITECTURES = {name for name, _ in OPEN_CLIP_MODELS}
-HUB_FILES = ["*.json", "*.txt", "*.model", "*.safetensors", "1_Pooling/*", "2_Normalize/*", "*/config.json"]
 
 
 def triton_name(model_name: str, pretrained: str | None) -> str:
@@ -76,30 +76,29 @@ def local_folder(model_name: str, roots: Sequence[Path]) -> Path | None:
     return None
 
 
-def hub_folder(repo_id: str) -> Path:
-    """Download (or find in the cache) a hub repository's model files."""
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
-    except Exception as exc:  # noqa: BLE001 - offline, unknown repo, gated, network: all "cannot get it"
-        raise NotFound(f"model '{repo_id}' is not a folder under MODEL_ROOTS and could not be fetched from the "
-                       f"Hugging Face hub ({type(exc).__name__})", param="model_name", code="model_not_found") from None
+def hub_folder(repo_id: str, kind: str, hub_options: hub.HubOptions) -> Path:
+    """The hub repository's files for a loader of `kind`: cached, or downloaded if HUB_DOWNLOADS allows it
+    (bounded and explained: gateway/hub.py)."""
+    return hub.hub_folder(repo_id, kind, hub_options)
 
 
-def resolve_source(model_name: str, pretrained: str | None, kind: str, model_roots: Sequence[Path]) -> Path:
+def resolve_source(model_name: str, pretrained: str | None, kind: str, model_roots: Sequence[Path],
+                   hub_options: hub.HubOptions | None = None) -> Path:
+    """The folder to generate the model from: a folder under `model_roots`, else a hub repository (an
+    open_clip pair mapped to its repository first). `hub_options` None: no downloads (HUB_DOWNLOADS=off)."""
     _check_name(model_name)
+    hub_options = hub_options or hub.HubOptions()
     if kind == "clip" and model_name in OPEN_CLIP_ARCHITECTURES:
         repo = OPEN_CLIP_MODELS.get((model_name, pretrained or ""))
         if repo is None:
             known = ", ".join(f"{m}+{p}" for m, p in OPEN_CLIP_MODELS if m == model_name)
             raise BadRequest(f"unknown open_clip pair {model_name!r} + {pretrained!r}; known for {model_name}: {known}",
                              param="pretrained")
-        return hub_folder(repo)
+        return hub_folder(repo, kind, hub_options)
     folder = local_folder(model_name, model_roots)
     if folder is not None:
         return folder
     if HUB_ID.match(model_name):
-        return hub_folder(model_name)
+        return hub_folder(model_name, kind, hub_options)
     raise NotFound(f"model '{model_name}' is neither a folder under MODEL_ROOTS nor a hub id (org/name)",
                    param="model_name", code="model_not_found")
