@@ -8,11 +8,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from gateway.embedding import embed_texts, l2_normalize
+from gateway import offload
 from gateway.errors import BadRequest
 from gateway.schemas import EmbeddingsRequest
 from gateway.tokens import count_tokens
+from gateway.strict_json import StrictJSONRoute
 
-router = APIRouter(tags=["openai"])
+router = APIRouter(tags=["openai"], route_class=StrictJSONRoute)
 
 
 def truncate_dimensions(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:
@@ -40,7 +42,7 @@ async def embeddings(body: EmbeddingsRequest, request: Request):
             raise BadRequest(f"dimensions must be between 1 and {spec.dimension} for {body.model}, "
                              f"not {body.dimensions}", param="dimensions", code="invalid_value")
         vectors = await embed_texts(state, body.model, texts)
-        tokens = count_tokens(spec, texts)
+        tokens = await offload.run(count_tokens, spec, texts)  # ~20 ms per 64 KiB text: off the loop
     vectors = truncate_dimensions(vectors, body.dimensions)
     # a JSONResponse of plain lists: FastAPI's jsonable_encoder would walk every float again (~1.5 ms
     # per 384-float vector, as long as json.dumps itself)
