@@ -6,5 +6,5 @@ from gateway.modelgen.onnx_cache import ExportOptions
 from gateway.modelgen.sources import OPEN_CLIP_MODELS, resolve_source, triton_name
 from gateway.modelgen.spec import ImageLimits, ModelSpec, builtin_specs
 
-__all__ = ["ExportOptions", "ImageLimits", "ModelSpec", "OPEN_CLIP_MODELS", "builtin_specs", "generate", "remove", "remove_generated",
-           "resolve_source", "triton_name"]
+__all__ = ["ExportOptions", "ImageLimits", "ModelSpec", "OPEN_CLIP_MODELS", "builtin_specs", "generate", "remove",
+           "remove_generated", "resolve_source", "triton_name"]

@@ -144,8 +144,9 @@ def _clip(model_name: str, pretrained: str | None, source: Path, repository: Pat
     graphs = export_graphs("clip", source, list(model_files.values()), repository, export)
     _write_model(repository, names["tokenizer"], templates.tokenizer(names["tokenizer"], max_tokens, CLIP_MAX_BATCH),
                  tokenizer_files)
-    _write_model(repository, names["preprocess"], templates.image_preprocess(names["preprocess"], CLIP_MAX_BATCH, limits.max_image_bytes,
-                                                           limits.max_megapixels),
+    preprocess = templates.image_preprocess(names["preprocess"], CLIP_MAX_BATCH, limits.max_image_bytes,
+                                            limits.max_megapixels)
+    _write_model(repository, names["preprocess"], preprocess,
                  {"preprocessor_config.json": source / "preprocessor_config.json"})
     _write_model(repository, names["encoder"],
                  templates.clip_encoder(names["encoder"], dimension, CLIP_MAX_BATCH, graphs.runtime, graphs.note),
