@@ -201,3 +201,25 @@ def test_a_record_cut_short_and_zero_filled_is_a_torn_tail_but_damage_before_goo
     path.write_bytes(bytes(data))
     with pytest.raises(durable.CorruptFile):
         durable.AppendLog(path).read()
+
+
+def test_a_qdrant_drop_cut_short_does_not_bring_its_points_back_in_local_mode(tmp_path, monkeypatch):
+    from gateway.search.qdrant_store import QdrantStore
+
+    async def scenario():
+        service = opened(tmp_path)
+        await service.create(info("q", store="qdrant"))
+        await service.upsert("q", ["a", "b"], vectors(2), [{}, {}])
+        with monkeypatch.context() as patch:
+            patch.setattr(QdrantStore, "destroy", lambda self: None)  # the crash comes before the delete
+            await service.drop("q")
+        service.close()
+        again = opened(tmp_path)
+        assert "q" not in again.infos
+        assert await again.create(info("q", dim=16, store="qdrant"))
+        assert (await again.describe("q"))["count"] == 0
+        await again.upsert("q", ["x"], vectors(1, 16), [{}])
+        assert [h.id for h in await again.search("q", vectors(1, 16)[0], 5, None)] == ["x"]
+        again.close()
+
+    asyncio.run(scenario())

@@ -126,7 +126,10 @@ class Collections:
                               ann_threshold=self.settings.faiss_ann_threshold)
         from gateway.search.qdrant_store import QdrantStore
 
-        return QdrantStore(self.qdrant(), info.name, info.dimension, self._qdrant_lock)
+        # local mode's folder is this gateway's alone: a collection there that the metadata does not list is
+        # a crash's leftover; a Qdrant server's collections may be someone else's and are left alone
+        return QdrantStore(self.qdrant(), info.name, info.dimension, self._qdrant_lock,
+                           fresh=new and not self.settings.qdrant_url)
 
     def _save_meta(self) -> None:
         durable.write_json(self.meta_file, {n: asdict(i) for n, i in self.infos.items()})
