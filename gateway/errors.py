@@ -134,7 +134,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None
     if first.get("type") == "json_invalid":
-        return "the request body is not valid JSON", None
+        why = (first.get("ctx") or {}).get("error")
+        return "the request body is not valid JSON" + (f": {why}" if why else ""), None
     return (f"{param}: {first.get('msg', 'invalid value')}" if param else first.get("msg", "invalid request")), param
 
 

@@ -25,6 +25,11 @@ KINDS = ("sentence_transformer", "clip")
 Key = tuple[str, str | None]
 
 
+def model_id(model_name: str, pretrained: str | None) -> str:
+    """The id /v1/models lists and every endpoint accepts (ModelRegistry.key reads it back)."""
+    return f"{model_name}|{pretrained}" if pretrained else model_name
+
+
 @dataclass(eq=False)
 class Entry:
     key: Key
@@ -101,7 +106,12 @@ class ModelRegistry:
     # ---- lookups --------------------------------------------------------------------------------
     @staticmethod
     def key(model_name: str, pretrained: str | None) -> Key:
-        return (model_name.strip(), (pretrained or "").strip() or None)
+        """`model_id`'s form ("name|pretrained", what /v1/models lists) is accepted wherever a name is."""
+        name, pretrained = model_name.strip(), (pretrained or "").strip() or None
+        if pretrained is None and "|" in name:
+            name, _, tag = name.partition("|")
+            name, pretrained = name.strip(), tag.strip() or None
+        return (name, pretrained)
 
     def _find(self, model_name: str, pretrained: str | None) -> Entry | ModelSpec | None:
         if model_name in self.builtin:
@@ -180,13 +190,14 @@ class ModelRegistry:
 
     async def _load(self, entry: Entry) -> None:
         name, pretrained = entry.key
+        spec = None
         try:
             self.loads_started += 1
             await self._make_room(entry)
             source = await asyncio.to_thread(modelgen.resolve_source, name, pretrained, entry.kind,
                                              self.settings.model_roots, self.settings.hub_options())
             spec = await asyncio.to_thread(modelgen.generate, name, pretrained, entry.kind, source, self.repository,
-                                           export=self.export)
+                                           export=self.export, limits=modelgen.ImageLimits.of(self.settings))
             started = time.monotonic()
             for ensemble in spec.ensembles:  # Triton loads an ensemble's composing models with it
                 await self.engine.load(ensemble)
@@ -197,8 +208,10 @@ class ModelRegistry:
             self._save()
             entry.ready.set_result(spec)
         except BaseException as exc:  # noqa: BLE001 - every waiter gets the failure
-            self.entries.pop(entry.key, None)
             error = exc if isinstance(exc, errors.ApiError) else errors.internal(exc, f"loading {entry.label}")
+            if spec is not None and not isinstance(exc, asyncio.CancelledError):
+                await self._unload_models(entry, spec)  # what Triton did load (a failed ensemble's steps)
+            self.entries.pop(entry.key, None)
             if not entry.ready.done():
                 entry.ready.set_exception(error)
                 entry.ready.exception()  # retrieved: no "never retrieved" warning when nobody waits
@@ -208,7 +221,8 @@ class ModelRegistry:
     async def _make_room(self, new: Entry) -> None:
         while True:
             async with self._lock:
-                others = [e for e in self.entries.values() if e is not new]
+                # an entry being unloaded already freed its slot for the load that chose it as the victim
+                others = [e for e in self.entries.values() if e is not new and e.state != "unloading"]
                 if len(others) < self.settings.max_loaded_models:
                     return
                 idle = [e for e in others if e.state == "ready" and e.in_flight == 0]
@@ -219,7 +233,12 @@ class ModelRegistry:
                 victim.state = "unloading"
             log.info("capacity %d reached: unloading the least recently used model %s",
                      self.settings.max_loaded_models, victim.label)
-            await self._unload_entry(victim)
+            try:
+                await self._unload_entry(victim)
+            except errors.ApiError as exc:
+                raise errors.Unavailable(f"{self.settings.max_loaded_models} models are loaded (MAX_LOADED_MODELS) "
+                                         f"and unloading {victim.label} to make room failed: {exc.message}",
+                                         retry_after=5) from None
 
     # ---- unload / delete ------------------------------------------------------------------------
     async def unload(self, model_name: str, pretrained: str | None) -> ModelSpec:
@@ -231,23 +250,53 @@ class ModelRegistry:
             raise errors.NotFound(f"model '{model_name}' is not loaded", param="model_name", code="model_not_found")
         if found.state == "loading":
             await self._wait_ready(found)
+        if found.state != "ready":  # another unload took it meanwhile
+            raise errors.NotFound(f"model '{model_name}' is not loaded", param="model_name", code="model_not_found")
         found.state = "unloading"  # new requests get 404 from here on; those in flight finish
         await self._unload_entry(found)
         return found.spec
 
     async def _unload_entry(self, entry: Entry) -> None:
+        """entry.state is "unloading". It ends removed, or, when Triton's unload fails twice (or the caller
+        is cancelled), back in "ready": listed, counted toward MAX_LOADED_MODELS, and unloadable again."""
         try:
-            await asyncio.wait_for(entry.idle.wait(), self.settings.request_timeout_s)
-        except asyncio.TimeoutError:
-            log.warning("unloading %s with %d requests still in flight", entry.label, entry.in_flight)
-        for ensemble in entry.spec.ensembles:
-            await self.engine.unload(ensemble, unload_dependents=True)
-        for model in entry.spec.triton_models:  # a composing model shared by two ensembles, if any is left
-            await self.engine.unload(model)
-        await self._wait_gone(entry.spec.triton_models or entry.spec.ensembles)
+            try:
+                await asyncio.wait_for(entry.idle.wait(), self.settings.request_timeout_s)
+            except asyncio.TimeoutError:
+                log.warning("unloading %s with %d requests still in flight", entry.label, entry.in_flight)
+            for attempt in (1, 2):
+                try:
+                    await self._unload_triton(entry.spec)
+                    break
+                except Exception as exc:  # noqa: BLE001 - retried once, then reported
+                    if attempt == 2:
+                        raise errors.internal(exc, f"unloading {entry.label}") from None
+                    log.warning("unloading %s failed (%s); retrying", entry.label, exc)
+        except BaseException:
+            entry.state = "ready"
+            raise
         self.entries.pop(entry.key, None)
         self._save()
         log.info("model %s unloaded", entry.label)
+
+    async def _unload_triton(self, spec: ModelSpec) -> None:
+        for ensemble in spec.ensembles:
+            await self.engine.unload(ensemble, unload_dependents=True)
+        for model in spec.triton_models:  # a composing model shared by two ensembles, if any is left
+            await self.engine.unload(model)
+        await self._wait_gone(spec.triton_models or spec.ensembles)
+
+    async def _unload_models(self, entry: Entry, spec: ModelSpec) -> None:
+        """After a failed load: unload each of its models, each attempted whatever the others do."""
+        for name, dependents in [(m, True) for m in spec.ensembles] + [(m, False) for m in spec.triton_models]:
+            try:
+                await self.engine.unload(name, unload_dependents=dependents)
+            except Exception as exc:  # noqa: BLE001 - the load's own error is what the client gets
+                log.error("after the failed load of %s, unloading %s failed: %s", entry.label, name, exc)
+        try:
+            await self._wait_gone(spec.triton_models or spec.ensembles)
+        except Exception as exc:  # noqa: BLE001
+            log.error("after the failed load of %s, waiting for its unload failed: %s", entry.label, exc)
 
     async def _wait_gone(self, models: tuple[str, ...], timeout_s: float = 120.0) -> None:
         """Triton's unload returns while the stubs are still stopping. Loading the same names again in that

@@ -38,15 +38,15 @@ def test_collections_reopen_and_a_torn_file_is_named(tmp_path):
         victim.write_text("{torn")
         again = service(tmp_path)
         try:
-            assert again.describe("a")["count"] == 5 and again.describe("q")["count"] == 5
+            assert (await again.describe("a"))["count"] == 5 and (await again.describe("q"))["count"] == 5
             assert (await again.search("q", v[2], 1, None))[0].id == "p2"
-            broken = again.describe("b")
+            broken = await again.describe("b")
             assert broken["count"] is None and victim.name in broken["error"]
             with pytest.raises(Unavailable, match=victim.name):
                 await again.search("b", v[0], 1, None)
             await again.drop("b")
             with pytest.raises(NotFound):
-                again.describe("b")
+                await again.describe("b")
             assert not (tmp_path / "collections" / "faiss" / "b").exists()
         finally:
             again.close()

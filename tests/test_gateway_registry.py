@@ -41,7 +41,7 @@ class FakeEngine:
 def generated(monkeypatch, tmp_path):
     calls: list[str] = []
 
-    def generate(name, pretrained, kind, source, repository, export=None):
+    def generate(name, pretrained, kind, source, repository, export=None, limits=None):
         calls.append(name)
         base = modelgen.triton_name(name, pretrained)
         return ModelSpec(model_name=name, pretrained=pretrained, kind=kind, dimension=8, max_tokens=16,

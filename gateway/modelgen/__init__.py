@@ -4,7 +4,7 @@ Triton calls: the registry loads what `generate` writes."""
 from gateway.modelgen.generate import generate, remove, remove_generated
 from gateway.modelgen.onnx_cache import ExportOptions
 from gateway.modelgen.sources import OPEN_CLIP_MODELS, resolve_source, triton_name
-from gateway.modelgen.spec import ModelSpec, builtin_specs
+from gateway.modelgen.spec import ImageLimits, ModelSpec, builtin_specs
 
-__all__ = ["ExportOptions", "ModelSpec", "OPEN_CLIP_MODELS", "builtin_specs", "generate", "remove", "remove_generated",
-           "resolve_source", "triton_name"]
+__all__ = ["ExportOptions", "ImageLimits", "ModelSpec", "OPEN_CLIP_MODELS", "builtin_specs", "generate", "remove",
+           "remove_generated", "resolve_source", "triton_name"]

@@ -20,7 +20,7 @@ from gateway.errors import BadRequest
 from gateway.modelgen import templates
 from gateway.modelgen.onnx_cache import ExportOptions, export_graphs
 from gateway.modelgen.sources import triton_name
-from gateway.modelgen.spec import ModelSpec
+from gateway.modelgen.spec import ImageLimits, ModelSpec
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".onnx")
 POOLING_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
@@ -128,7 +128,8 @@ def _sentence_transformer(model_name: str, source: Path, repository: Path, expor
                      max_batch_size=ST_MAX_BATCH, runtime=graphs.runtime)
 
 
-def _clip(model_name: str, pretrained: str | None, source: Path, repository: Path, export: ExportOptions) -> ModelSpec:
+def _clip(model_name: str, pretrained: str | None, source: Path, repository: Path, export: ExportOptions,
+          limits: ImageLimits) -> ModelSpec:
     config = _json(source / "config.json")
     if config.get("model_type") != "clip":
         raise BadRequest(f"'{model_name}' is not a transformers CLIPModel (config.json model_type "
@@ -143,7 +144,9 @@ def _clip(model_name: str, pretrained: str | None, source: Path, repository: Pat
     graphs = export_graphs("clip", source, list(model_files.values()), repository, export)
     _write_model(repository, names["tokenizer"], templates.tokenizer(names["tokenizer"], max_tokens, CLIP_MAX_BATCH),
                  tokenizer_files)
-    _write_model(repository, names["preprocess"], templates.image_preprocess(names["preprocess"], CLIP_MAX_BATCH),
+    preprocess = templates.image_preprocess(names["preprocess"], CLIP_MAX_BATCH, limits.max_image_bytes,
+                                            limits.max_megapixels)
+    _write_model(repository, names["preprocess"], preprocess,
                  {"preprocessor_config.json": source / "preprocessor_config.json"})
     _write_model(repository, names["encoder"],
                  templates.clip_encoder(names["encoder"], dimension, CLIP_MAX_BATCH, graphs.runtime, graphs.note),
@@ -159,15 +162,16 @@ def _clip(model_name: str, pretrained: str | None, source: Path, repository: Pat
 
 
 def generate(model_name: str, pretrained: str | None, kind: str, source: Path, repository: Path,
-             export: ExportOptions | None = None) -> ModelSpec:
+             export: ExportOptions | None = None, limits: ImageLimits | None = None) -> ModelSpec:
     """Write every folder the model needs (replacing earlier ones of the same name) and describe it.
-    `export`: the ONNX export's settings (default: on, cache beside `repository`)."""
+    `export`: the ONNX export's settings (default: on, cache beside `repository`); `limits`: the
+    gateway's image limits, written into the image stage's config (default: Settings' defaults)."""
     repository.mkdir(parents=True, exist_ok=True)
     export = export or ExportOptions()
     if kind == "sentence_transformer":
         return _sentence_transformer(model_name, source, repository, export)
     if kind == "clip":
-        return _clip(model_name, pretrained, source, repository, export)
+        return _clip(model_name, pretrained, source, repository, export, limits or ImageLimits.of())
     raise ValueError(f"unknown model kind {kind!r}")
 
 

@@ -44,3 +44,19 @@ def builtin_specs() -> list[ModelSpec]:
                       max_tokens=256, text_model="text_embedding", image_model=None, triton_models=(),
                       normalized=True, max_batch_size=64, builtin=True, runtime="onnx",
                       tokenizer_file=str(ROOT / "model_repository" / "text_embedding_tokenizer" / "1" / "tokenizer.json"))]
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    """The gateway's image limits, written into each generated image stage's config: one source (the
+    gateway's settings) for both, so the stage never refuses an image the gateway let through."""
+    max_image_bytes: int
+    max_megapixels: float
+
+    @classmethod
+    def of(cls, settings=None) -> "ImageLimits":
+        """From `settings` (default: the defaults of gateway.settings.Settings)."""
+        from gateway.settings import Settings
+
+        source = settings if settings is not None else Settings
+        return cls(int(source.max_image_bytes), float(source.max_image_megapixels))

@@ -58,13 +58,15 @@ instance_group [{{ kind: KIND_CPU count: 1 }}]
 '''
 
 
-def image_preprocess(name: str, max_batch: int) -> str:
+def image_preprocess(name: str, max_batch: int, max_image_bytes: int, max_megapixels: float) -> str:
+    """The image limits are the gateway's own (MAX_IMAGE_BYTES, MAX_IMAGE_MEGAPIXELS): an image the gateway
+    accepts is never refused by the stage under another name."""
     return f'''name: "{name}"
 backend: "image_preprocess"
 max_batch_size: {max_batch}
 input [{{ name: "image" data_type: TYPE_STRING dims: [1] }}]
 output [{{ name: "pixel_values" data_type: TYPE_FP32 dims: [3, -1, -1] }}]
-{_params(processor_file="preprocessor_config.json", max_megapixels=50)}
+{_params(processor_file="preprocessor_config.json", max_image_bytes=max_image_bytes, max_megapixels=max_megapixels)}
 dynamic_batching {{ max_queue_delay_microseconds: 0 default_queue_policy {{ max_queue_size: 1024 }} }}
 instance_group [{{ kind: KIND_CPU count: 1 }}]
 '''

@@ -14,8 +14,9 @@ from gateway.embedding import embed_images, embed_texts, model_spec
 from gateway.errors import BadRequest
 from gateway.images import image_bytes
 from gateway.search.collections import CollectionInfo, check_filter, check_ids, check_name
+from gateway.strict_json import StrictJSONRoute
 
-router = APIRouter(tags=["search"])
+router = APIRouter(tags=["search"], route_class=StrictJSONRoute)
 
 
 class CreateCollection(BaseModel):
@@ -100,18 +101,18 @@ async def create_collection(name: str, body: CreateCollection, request: Request)
     info = CollectionInfo(name=name, model=body.model, pretrained=body.pretrained, store=body.store,
                           distance=body.distance, dimension=spec.dimension)
     created = await collections(request).create(info)
-    return {**collections(request).describe(name), "created": created}
+    return {**await collections(request).describe(name), "created": created}
 
 
 @router.get("/collections")
 async def list_collections(request: Request):
     service = collections(request)
-    return {"collections": [service.describe(n) for n in sorted(service.infos)]}
+    return {"collections": [await service.describe(n) for n in sorted(service.infos)]}
 
 
 @router.get("/collections/{name}")
 async def get_collection(name: str, request: Request):
-    return collections(request).describe(name)
+    return await collections(request).describe(name)
 
 
 @router.delete("/collections/{name}")
@@ -150,7 +151,7 @@ async def delete_points(name: str, body: PointIds, request: Request):
         raise BadRequest(f"{len(body.ids)} ids, over the limit of {settings.search_max_points} per request "
                          "(SEARCH_MAX_POINTS)", param="ids")
     deleted = await service.delete_points(name, check_ids(body.ids, "ids"))
-    return {"deleted": deleted, "count": service.describe(name)["count"]}
+    return {"deleted": deleted, "count": (await service.describe(name))["count"]}
 
 
 @router.post("/collections/{name}/search")

@@ -14,8 +14,9 @@ from gateway.completions import sequences as runner
 from gateway.completions import shapes
 from gateway.completions.request import CompletionRequest, check
 from gateway.completions.tensors import sequences
+from gateway.strict_json import StrictJSONRoute
 
-router = APIRouter(tags=["openai"])
+router = APIRouter(tags=["openai"], route_class=StrictJSONRoute)
 T = TypeVar("T")
 CLIENT_GONE = 499  # nginx's "client closed request": logged, never received by anyone
 

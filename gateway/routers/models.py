@@ -5,13 +5,15 @@ import time
 
 from fastapi import APIRouter, Request
 
+from gateway.registry import model_id
+
 router = APIRouter(tags=["openai"])
 STARTED = int(time.time())
 
 
 def model_ids(request: Request) -> list[str]:
     specs = request.app.state.models.loaded()
-    ids = [s.model_name if not s.pretrained else f"{s.model_name}|{s.pretrained}" for s in specs]
+    ids = [model_id(s.model_name, s.pretrained) for s in specs]
     return ids + list(getattr(request.app.state, "extra_model_ids", []))
 
 

@@ -13,8 +13,9 @@ from gateway.errors import BadRequest
 from gateway.images import image_bytes
 from gateway.modelgen import ModelSpec
 from gateway.schemas import InferRequest, LoadClip, LoadSentenceTransformer, ModelRef
+from gateway.strict_json import StrictJSONRoute
 
-router = APIRouter(tags=["models"])
+router = APIRouter(tags=["models"], route_class=StrictJSONRoute)
 
 
 def describe(spec: ModelSpec) -> dict:

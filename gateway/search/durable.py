@@ -23,7 +23,7 @@ class CorruptFile(RuntimeError):
         self.path = path
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -40,7 +40,7 @@ def write_bytes(path: Path, data: bytes) -> str:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return hashlib.sha256(data).hexdigest()
 
 
@@ -83,7 +83,12 @@ def create_empty(path: Path) -> None:
     """A new empty file, durable (its directory entry included) before anything refers to it."""
     with open(path, "wb") as f:
         os.fsync(f.fileno())
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
+
+
+def _zeros_from(data: bytes, offset: int) -> bool:
+    """Nothing but zero bytes from `offset` to the end (true at the end itself)."""
+    return data.count(0, offset) == len(data) - offset
 
 
 class AppendLog:
@@ -116,18 +121,21 @@ class AppendLog:
         return bodies
 
     def _record_at(self, data: bytes, offset: int) -> bytes | None:
-        """The body at `offset`; None for a torn tail (the record reaches the end of the file)."""
+        """The body at `offset`; None for a torn tail (the record reaches the end of the file, or only
+        zero bytes follow: some filesystems extend a file with zeros when a crash cuts an append short)."""
         if len(data) - offset < RECORD_HEADER.size:
             return None
         magic, length, crc, header_crc = RECORD_HEADER.unpack_from(data, offset)
         start, end = offset + RECORD_HEADER.size, offset + RECORD_HEADER.size + length
         if magic != RECORD_MAGIC or zlib.crc32(data[offset:start - 4]) != header_crc:
+            if _zeros_from(data, offset):
+                return None
             raise CorruptFile(self.path, f"no valid record header at byte {offset}")
         if end > len(data):
             return None
         body = data[start:end]
         if zlib.crc32(body) != crc:
-            if end == len(data):
+            if _zeros_from(data, end):  # the body's end, or the last append's, came out as zeros
                 return None
             raise CorruptFile(self.path, f"record at byte {offset} fails its checksum")
         return body

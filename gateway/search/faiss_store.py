@@ -49,15 +49,17 @@ MANIFEST = "manifest.json"
 
 
 class ReadWriteLock:
-    """Many searches at once (Faiss releases the GIL), a write alone."""
+    """Many searches at once (Faiss releases the GIL), a write alone. Writer-preferring: once a write
+    waits, new searches wait behind it, so a steady stream of overlapping searches cannot starve it."""
 
     def __init__(self):
         self._cond, self._readers, self._writer = threading.Condition(), 0, False
+        self._writers_waiting = 0
 
     @contextlib.contextmanager
     def read(self):
         with self._cond:
-            self._cond.wait_for(lambda: not self._writer)
+            self._cond.wait_for(lambda: not self._writer and not self._writers_waiting)
             self._readers += 1
         try:
             yield
@@ -69,7 +71,11 @@ class ReadWriteLock:
     @contextlib.contextmanager
     def write(self):
         with self._cond:
-            self._cond.wait_for(lambda: not self._writer and not self._readers)
+            self._writers_waiting += 1
+            try:
+                self._cond.wait_for(lambda: not self._writer and not self._readers)
+            finally:
+                self._writers_waiting -= 1
             self._writer = True
         try:
             yield

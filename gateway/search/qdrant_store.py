@@ -34,15 +34,18 @@ def to_filter(filter: dict | None) -> models.Filter | None:
 
 class QdrantStore:
     def __init__(self, client: QdrantClient, collection: str, dimension: int,
-                 lock: threading.Lock | None = None):
+                 lock: threading.Lock | None = None, fresh: bool = False):
         # local mode is plain Python over one SQLite file: the service serializes its calls with `lock`
         self.client, self.collection, self.dimension = client, collection, dimension
         self.lock = lock or contextlib.nullcontext()
         with self.lock:
-            self._create()
+            self._create(fresh)
 
-    def _create(self) -> None:
+    def _create(self, fresh: bool) -> None:
+        """`fresh`: a collection of that name is a leftover (a drop a crash cut short): replaced, not reused."""
         client, collection, dimension = self.client, self.collection, self.dimension
+        if fresh and client.collection_exists(collection):
+            client.delete_collection(collection)
         if not client.collection_exists(collection):
             client.create_collection(collection, vectors_config=models.VectorParams(
                 size=dimension, distance=models.Distance.COSINE))
