@@ -65,7 +65,7 @@ def stub_generation(monkeypatch, tmp_path) -> None:
                          triton_models=(base + "_text", base + "_image", base + "_encoder") if clip
                          else (base, base + "_encoder"), normalized=True)
 
-    monkeypatch.setattr(modelgen, "resolve_source", lambda name, pretrained, kind, roots: tmp_path)
+    monkeypatch.setattr(modelgen, "resolve_source", lambda name, pretrained, kind, roots, hub_options=None: tmp_path)
     monkeypatch.setattr(modelgen, "generate", generate)
 
 
