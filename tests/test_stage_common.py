@@ -140,3 +140,15 @@ def test_check_token_rows_refuses_what_would_break_a_shared_forward():
             (ids, mask, 5, 3, "[0, 5)"), (-ids, mask, 10, 3, "[0, 10)"), (ids, mask, 10, 2, "3, over the limit of 2")]:
         with pytest.raises(BadInput, match=re.escape(words)):
             check_token_rows(bad_ids, bad_mask, vocab, positions)
+
+
+def test_only_documented_finish_reasons_reach_a_client():
+    """Issue 35, item 6: the generator's "cancelled" (a row it dropped) must not reach a codegen client as a
+    finish_reason: the fronts fail such a request with a retryable error instead."""
+    from stage_common.errors import Overloaded, check_finish_reason
+
+    for reason in ("stop", "length"):
+        check_finish_reason(reason)
+    for reason in ("cancelled", ""):
+        with pytest.raises(Overloaded, match="ended the request early"):
+            check_finish_reason(reason)

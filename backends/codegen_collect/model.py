@@ -11,6 +11,7 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 from gptj_generator.generation_params import GenerationParams  # noqa: E402
 from stage_common.bls_iterators import IteratorRelease  # noqa: E402
 from stage_common.bounded_workers import BoundedWorkers  # noqa: E402
+from stage_common.errors import check_finish_reason  # noqa: E402
 from stage_common.params import config_param  # noqa: E402
 from stage_common.triton_io import error_response, input_array, load_model_config, string_tensor  # noqa: E402
 
@@ -99,6 +100,7 @@ class TritonPythonModel:
                 count = int(out["completion_tokens"].reshape(-1)[0])
         if error is not None:
             raise RowError(error)
+        check_finish_reason(reason)  # "stop" or "length" only (README); a dropped row is an error
         return (np.concatenate(chunks).astype(np.int32) if chunks else np.zeros(0, np.int32)), reason, count
 
     @staticmethod

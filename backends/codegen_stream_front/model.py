@@ -9,7 +9,7 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from codegen_postprocess.detokenizer import Detokenizer  # noqa: E402
 from gptj_generator.generation_params import GenerationParams  # noqa: E402
-from stage_common.errors import BadInput  # noqa: E402
+from stage_common.errors import BadInput, check_finish_reason  # noqa: E402
 from stage_common.bls_iterators import IteratorRelease  # noqa: E402
 from stage_common.bounded_workers import BoundedWorkers  # noqa: E402
 from stage_common.params import config_param  # noqa: E402
@@ -155,7 +155,10 @@ class TritonPythonModel:
                     string_tensor("finish_reason", [reason], (1, 1)),
                     pb_utils.Tensor("prompt_tokens", np.array([[prompt_tokens]], np.int32)),
                     pb_utils.Tensor("completion_tokens", np.array([[count]], np.int32))])
-                if reason:  # "stop" or "length" (the generator says "cancelled" only after a stop)
+                if reason:
+                    # "stop" or "length" only (README): the generator says "cancelled" when it dropped the row
+                    # (a stop this front did not send, or its caller deemed gone): an error, not an end
+                    check_finish_reason(reason)
                     return out
                 sender.send(out)
                 call = _generator_request(self.generator, key, [pb_utils.Tensor("fetch", np.array([[True]]))])
