@@ -147,6 +147,14 @@ class GenerationEngine:
             self._cancelled_keys.add(key)
             self._wakeup.notify()
 
+    def holds(self, key: str) -> bool:
+        """Whether a request submitted with this key is still here (waiting, admitted, fed or decoding): a
+        BLS caller's probe, which tells a slow answer from one that will never come."""
+        with self._wakeup:
+            seqs = list(self._pending) + list(self._admitting) + list(self._running) + \
+                [seq for group in list(self._prefilling) for seq in group.seqs]
+        return any(seq.request.key == key and not seq.ended for seq in seqs)
+
     @property
     def active(self) -> int:
         return self.running + len(self._pending)

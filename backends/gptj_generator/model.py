@@ -173,6 +173,9 @@ class TritonPythonModel:
                 if scalar_input(request, "fetch", False):
                     self.pulled.fetch(request.request_id(), sender)
                     continue
+                if scalar_input(request, "probe", False):
+                    self._probe(request, sender)
+                    continue
                 generation, streaming, pull = parse(request)
                 if pull:
                     self._submit_pulled(generation, sender)
@@ -201,6 +204,17 @@ class TritonPythonModel:
         if not request.request_id():
             raise BadInput("a stop request needs the request_id of the request to stop")
         self.engine.cancel(request.request_id())
+        sender.send(flags=FINAL)
+
+    def _probe(self, request, sender) -> None:
+        """probe=true with a request_id: an empty final answer if that request is still here, else
+        INVALID_ARGUMENT. A BLS front waiting long for an answer asks, to tell a slow generator from one
+        whose stub died and was replaced (the new stub knows nothing of the old one's requests)."""
+        key = request.request_id()
+        if not key:
+            raise BadInput("a probe needs the request_id of the request it asks about")
+        if not (self.engine.holds(key) or key in self.pulled):
+            raise BadInput(f"no request in flight has request_id '{key}'")
         sender.send(flags=FINAL)
 
     def finalize(self):

@@ -146,6 +146,12 @@ class PulledStreams:
             with self._lock:
                 self._streams.pop(key, None)
 
+    def __contains__(self, key: str) -> bool:
+        """An open stream (its last chunk not yet delivered) has this key."""
+        with self._lock:
+            stream = self._streams.get(key)
+        return stream is not None and not stream.delivered_last
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._streams)
