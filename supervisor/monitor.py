@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from supervisor.orphans import Orphans
+from supervisor.orphans import Orphans, read_in_flight
 from supervisor.state import write_state
 from supervisor.stubs import StubTracker, expected_instances, of_model, scan_stub_pids, start_time
 
@@ -57,7 +57,7 @@ class Supervisor:
     def __init__(self, server_pid: Callable[[], int | None] | int, grpc_url: str, state_file: Path | None,
                  admin_key: str | None = None, period_s: float = 0.25,
                  canaries: dict[str, Callable[[], None]] | None = None, canary_period_s: float = 5.0,
-                 canary_failures: int = 2, client=None):
+                 canary_failures: int = 2, client=None, metrics_url: str | None = None):
         import tritonclient.grpc as grpcclient
 
         self._server_pid = server_pid if callable(server_pid) else (lambda: server_pid)
@@ -73,7 +73,9 @@ class Supervisor:
         self._canary_heal_failed: dict[str, str] = {}  # model -> reason: its canary's heal failed, retried
         self.tracker = StubTracker()
         self.started = start_time  # pid -> start time: with the pid, a stub's identity (tests inject theirs)
-        self.orphans = Orphans()  # the old version's stubs a heal left alive, killed once idle
+        # the old version's stubs a heal left alive, killed once idle: a BLS front's once it has no request in
+        # flight (its own count, from /metrics), another's once it uses no CPU
+        self.orphans = Orphans(in_flight=(lambda: read_in_flight(metrics_url)) if metrics_url else None)
         self.unhealthy: dict[str, str] = {}
         self.events: list[tuple[float, str, str]] = []  # (unix time, event, model): read by tests and the soak
         self._stop = threading.Event()

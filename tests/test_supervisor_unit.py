@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import time
+
+import pytest
 from pathlib import Path
 
 from supervisor.exposure import admin_key, is_loopback, restricted_api_args, restriction_required
@@ -475,3 +477,69 @@ def test_a_heal_waits_for_a_new_stub_not_the_hung_one_still_alive(tmp_path, monk
     supervisor.client.load_model = lambda *a, **k: stubs.update({9: "enc_0_0"})
     assert supervisor.heal("enc", "canary failed: no answer", {"enc", "emb"})
     assert supervisor.orphans.pids() == {5}
+
+
+# ---- issue 35, item 5: overload is not a hang, and an old front is retired only when it has no request ----
+
+def test_a_canary_that_times_out_behind_a_full_generator_is_overload_not_a_hang(monkeypatch):
+    import queue
+
+    from tritonclient.utils import InferenceServerException
+
+    from supervisor import canaries
+
+    calls = []
+
+    def fake_stream_call(client, model, inputs, timeout, headers=None):
+        calls.append(timeout)
+        if len(calls) == 1 or behaviour["refusal"] is None:
+            raise queue.Empty  # the canary's own request waits for a row (or the front is hung)
+        raise behaviour["refusal"]
+
+    behaviour = {"refusal": InferenceServerException("temperature must be >= 0 and finite")}
+    monkeypatch.setattr(canaries, "stream_call", fake_stream_call)
+    canary = canaries.StreamCanary("127.0.0.1:1", "codegen_stream", None, timeout_s=20, liveness_timeout_s=3)
+    canary()  # timed out, but the front refused a bad request at once: alive, overloaded
+    assert canary.overloaded == 1 and calls == [20, 3]
+    calls.clear()
+    behaviour["refusal"] = None  # nothing answers: hung
+    with pytest.raises(TimeoutError, match="no answer from codegen_stream"):
+        canary()
+    # refusals sent by the front's (or the generator's) own code are answers, not failures
+    for message in ("the generator has 256 requests waiting for a row, its limit (max_pending_requests): retry later",
+                    "64 requests in flight, the limit (max_in_flight=64): retry later",
+                    "codegen_generator lost the request (its process was restarted): retry"):
+        calls.clear()
+        monkeypatch.setattr(canaries, "stream_call", lambda *a, m=message, **k: (_ for _ in ()).throw(
+            InferenceServerException(m)))
+        canary()
+    assert set(canaries.default_canaries("127.0.0.1:1")) == {"codegen_stream", "codegen_collect"}
+
+
+def test_an_old_fronts_stub_is_retired_only_when_its_own_count_says_no_request_is_in_flight():
+    from supervisor.orphans import Orphans
+
+    counts, killed, clock = {5: 3}, [], FakeClock()
+    # pid 5 counts its requests (a BLS front waiting on its callee: no CPU), pid 6 does not (CPU rule)
+    orphans = Orphans(idle_s=5, max_age_s=600, ticks=lambda pid: 42, kill=killed.append, clock=clock,
+                      in_flight=lambda: dict(counts))
+    orphans.adopt("codegen_stream", {5})
+    orphans.adopt("enc", {6})
+    clock.now = 30  # no CPU for 30 s: the idle rule alone would have killed the front with 3 live streams
+    assert orphans.retire({5, 6}) == [("enc", 6, "idle for 30.0 s")] and killed == [6]
+    counts[5] = 0
+    assert orphans.retire({5}) == [("codegen_stream", 5, "no request in flight")]
+    orphans.adopt("codegen_stream", {7})
+    counts[7] = 1
+    clock.now = 700  # a hung front: its requests never end
+    assert orphans.retire({7}) == [("codegen_stream", 7, "still 1 request(s) in flight 670 s after the reload")]
+
+
+def test_the_in_flight_gauge_is_read_per_stub_pid_from_prometheus_text():
+    from supervisor.metrics_text import gauge_by_label
+
+    text = ('# TYPE bls_front_requests_in_flight gauge\n'
+            'bls_front_requests_in_flight{model="codegen_stream",stub_pid="123"} 3\n'
+            'bls_front_requests_in_flight{model="codegen_collect",stub_pid="9"} 0\n'
+            'nv_inference_count{model="x",stub_pid="1"} 5\n')
+    assert gauge_by_label(text, "bls_front_requests_in_flight", "stub_pid") == {"123": 3.0, "9": 0.0}

@@ -12,6 +12,7 @@ from gptj_generator.bls_client import GeneratorClient  # noqa: E402
 from gptj_generator.generation_params import GenerationParams  # noqa: E402
 from stage_common.bls_iterators import IteratorRelease  # noqa: E402
 from stage_common.bounded_workers import BoundedWorkers  # noqa: E402
+from stage_common.in_flight_metric import in_flight_gauge  # noqa: E402
 from stage_common.errors import check_finish_reason  # noqa: E402
 from stage_common.params import config_param  # noqa: E402
 from stage_common.triton_io import error_response, input_array, load_model_config, string_tensor  # noqa: E402
@@ -41,7 +42,8 @@ class TritonPythonModel:
         config = load_model_config(args)
         self.generator = GeneratorClient(config_param(config, "generator_model", str), config)
         in_flight = config_param(config, "max_in_flight", int, 64)
-        self.workers = BoundedWorkers(in_flight, "codegen-collect")
+        self.in_flight = in_flight_gauge(args["model_name"])  # the supervisor's "no request in flight"
+        self.workers = BoundedWorkers(in_flight, "codegen-collect", on_change=self.in_flight.set)
         # rows run on their own pool: a request thread waiting for its rows never starves them
         self.row_workers = ThreadPoolExecutor(in_flight, thread_name_prefix="codegen-collect-row")
         self.release = IteratorRelease()

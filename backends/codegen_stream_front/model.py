@@ -14,6 +14,7 @@ from stage_common.errors import BadInput, check_finish_reason  # noqa: E402
 from stage_common.bls_deadline import CallLost, CallTimedOut, call_with_deadline  # noqa: E402
 from stage_common.bls_iterators import IteratorRelease  # noqa: E402
 from stage_common.bounded_workers import BoundedWorkers  # noqa: E402
+from stage_common.in_flight_metric import in_flight_gauge  # noqa: E402
 from stage_common.params import config_param  # noqa: E402
 from stage_common.triton_io import error_response, load_model_config, string_tensor, version_dir  # noqa: E402
 
@@ -79,7 +80,9 @@ class TritonPythonModel:
         self.preprocess_timeout_s = config_param(config, "preprocess_timeout_s", float, 30.0)
         # pieces are decoded here, not by a BLS call to codegen_postprocess per piece: one hop less
         self.detokenizer = Detokenizer(version_dir(args) / "tokenizer.json")
-        self.workers = BoundedWorkers(config_param(config, "max_in_flight", int, 64), "codegen-stream")
+        self.in_flight = in_flight_gauge(args["model_name"])  # the supervisor's "no request in flight"
+        self.workers = BoundedWorkers(config_param(config, "max_in_flight", int, 64), "codegen-stream",
+                                      on_change=self.in_flight.set)
         self.release = IteratorRelease()
 
     def execute(self, requests):
