@@ -47,6 +47,7 @@ class _Canary:
         self.liveness_timeout_s = liveness_timeout_s
         self.client: grpcclient.InferenceServerClient | None = None
         self.overloaded = 0  # timeouts found to be overload, not a hang (read by tests and logs)
+        self.refusals: list[str] = []  # refusals the front sent from its own code (an answer, not a hang)
 
     def __call__(self) -> None:
         try:
@@ -55,6 +56,7 @@ class _Canary:
                 self.ask(self.client)
             except InferenceServerException as exc:
                 if answered_by_the_front(exc):
+                    self.refusals.append(str(exc.message()))
                     return
                 raise
             except TimeoutError:

@@ -162,6 +162,8 @@ class TritonPythonModel:
                                   max_stop_word_chars=config_param(config, "max_stop_word_chars", int, 64),
                                   cancel_poll_seconds=config_param(config, "cancel_poll_seconds", float, 0.0))
         self.pulled = PulledStreams()
+        # a pulled stream nobody fetched for this long (its caller's stub died) ends and frees its row
+        self.abandon_after_s = config_param(config, "pulled_stream_abandon_s", float, 60.0)
 
     def execute(self, requests):
         for request in requests:
@@ -190,7 +192,7 @@ class TritonPythonModel:
 
     def _submit_pulled(self, generation: GenerationRequest, sender) -> None:
         """The request's own response is its first chunk; its caller fetches the rest (pulled_stream.py)."""
-        stream = PulledStream(deliver_chunk, sender)
+        stream = PulledStream(deliver_chunk, sender, abandon_after_s=self.abandon_after_s)
         self.pulled.open(generation.key, stream)
         try:
             self.engine.submit(generation, stream)
