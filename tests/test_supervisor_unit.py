@@ -543,3 +543,11 @@ def test_the_in_flight_gauge_is_read_per_stub_pid_from_prometheus_text():
             'bls_front_requests_in_flight{model="codegen_collect",stub_pid="9"} 0\n'
             'nv_inference_count{model="x",stub_pid="1"} 5\n')
     assert gauge_by_label(text, "bls_front_requests_in_flight", "stub_pid") == {"123": 3.0, "9": 0.0}
+
+
+def test_the_supervisor_reads_the_gauge_the_fronts_publish():
+    """The family name lives on both sides (the supervisor does not import the Triton-bound stage code)."""
+    from supervisor.orphans import IN_FLIGHT_FAMILY
+
+    source = (Path(__file__).resolve().parent.parent / "backends" / "stage_common" / "in_flight_metric.py").read_text()
+    assert f'FAMILY = "{IN_FLIGHT_FAMILY}"' in source
