@@ -8,7 +8,7 @@ from supervisor.stubs import by_instance, of_model, scan_stub_pids
 
 
 def kill_stub(server_pid: int, model: str) -> int:
-    """SIGKILL the first stub of `model`; returns its pid."""
+    """SIGKILL the newest stub of `model`'s first instance; returns its pid."""
     stubs = by_instance(of_model(scan_stub_pids(server_pid), model))
     if not stubs:
         raise LookupError(f"no stub of '{model}' under server pid {server_pid}")

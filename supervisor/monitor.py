@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from supervisor.orphans import Orphans
+from supervisor.orphans import Orphans, read_in_flight
 from supervisor.state import write_state
-from supervisor.stubs import StubTracker, by_instance, of_model, scan_stub_pids
+from supervisor.stubs import StubTracker, expected_instances, of_model, scan_stub_pids, start_time
 
 log = logging.getLogger("supervisor")
 CANARY_FAILED = "canary failed: "  # the reason of a heal that a canary asked for
@@ -57,7 +57,7 @@ class Supervisor:
     def __init__(self, server_pid: Callable[[], int | None] | int, grpc_url: str, state_file: Path | None,
                  admin_key: str | None = None, period_s: float = 0.25,
                  canaries: dict[str, Callable[[], None]] | None = None, canary_period_s: float = 5.0,
-                 canary_failures: int = 2, client=None):
+                 canary_failures: int = 2, client=None, metrics_url: str | None = None):
         import tritonclient.grpc as grpcclient
 
         self._server_pid = server_pid if callable(server_pid) else (lambda: server_pid)
@@ -72,7 +72,10 @@ class Supervisor:
         self._canary_misses: dict[str, int] = {}  # model -> consecutive canary failures
         self._canary_heal_failed: dict[str, str] = {}  # model -> reason: its canary's heal failed, retried
         self.tracker = StubTracker()
-        self.orphans = Orphans()  # the old version's stubs a heal left alive, killed once idle
+        self.started = start_time  # pid -> start time: with the pid, a stub's identity (tests inject theirs)
+        # the old version's stubs a heal left alive, killed once idle: a BLS front's once it has no request in
+        # flight (its own count, from /metrics), another's once it uses no CPU
+        self.orphans = Orphans(in_flight=(lambda: read_in_flight(metrics_url)) if metrics_url else None)
         self.unhealthy: dict[str, str] = {}
         self.events: list[tuple[float, str, str]] = []  # (unix time, event, model): read by tests and the soak
         self._stop = threading.Event()
@@ -136,8 +139,10 @@ class Supervisor:
         stubs = scan_stub_pids(pid)
         for model, stub, why in self.orphans.retire(set(stubs)):
             self._event("retired old stub", model, f"pid {stub}, {why}")
-        # an orphan shares its instance's name with the new stub: the tracker follows the new one
-        deaths = self.tracker.update(by_instance(stubs, exclude=self.orphans.pids()), ready)
+        # an orphan shares its instance's name with the new stub: the tracker follows the newest by start time
+        orphans = self.orphans.pids()
+        deaths = self.tracker.update({p: i for p, i in stubs.items() if p not in orphans}, ready, self.started,
+                                     self.expected_instances)
         if deaths:
             ready = self.ready_models()  # re-check: an unload in progress is not a death
             for model, reason in deaths.items():
@@ -196,6 +201,14 @@ class Supervisor:
     def config(self, model: str) -> dict:
         return self.client.get_model_config(model, as_json=True)["config"]
 
+    def expected_instances(self, model: str) -> set[str] | None:
+        """The instances the model's loaded configuration has (None: unknown, every instance counts)."""
+        try:
+            return expected_instances(model, self.config(model))
+        except Exception as exc:  # noqa: BLE001 - e.g. unloaded meanwhile: the READY re-check decides
+            log.debug("supervisor: no config of %s: %s", model, exc)
+            return None
+
     def heal(self, model: str, reason: str, ready: set[str]) -> bool:
         started = time.time()
         self._event("hang detected" if reason.startswith(CANARY_FAILED) else "death detected", model, reason)
@@ -240,7 +253,7 @@ class Supervisor:
             return True
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            alive = by_instance(scan_stub_pids(pid), exclude=old)
+            alive = {instance for stub, instance in scan_stub_pids(pid).items() if stub not in old}
             if all(i in alive for i in self.tracker.instances(model)):
                 return True
             time.sleep(0.05)

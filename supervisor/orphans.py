@@ -6,10 +6,13 @@ under load: no "Stopping dynamic-batcher" for it until shutdown, which then wait
 the other instances' stubs of that version live on, each holding its model's memory, and a hung stub (healed
 after its canary failed) stays alive too. Triton sends them no new request: new ones go to the new version.
 
-So after a heal every stub of the model that was alive before the reload is an orphan. An orphan is killed
-once it has used no CPU for `idle_s` (the requests it had when the reload came are done; a normal unload
-ends its stub within ~2 s, before that) or, at the latest, `max_age_s` after the heal (a hung stub spinning).
-Triton's own unload would end it too; the old version's Triton side is reclaimed at shutdown."""
+So after a heal every stub of the model that was alive before the reload is an orphan. A BLS front publishes
+its requests in flight (stage_common/in_flight_metric.py, read from /metrics by `in_flight`): its orphan is
+killed once that count is 0 — a front waiting on its callee uses no CPU, so idle CPU would kill live streams
+(issue 35). Another orphan is killed once it has used no CPU for `idle_s` (the requests it had when the reload
+came are done; a normal unload ends its stub within ~2 s, before that). Either, at the latest, `max_age_s` after
+the heal (a hung stub). Triton's own unload would end it too; the old version's Triton side is reclaimed at
+shutdown."""
 from __future__ import annotations
 
 import os
@@ -33,9 +36,11 @@ class Orphans:
     def __init__(self, idle_s: float = 5.0, max_age_s: float = 120.0,
                  ticks: Callable[[int], int | None] = cpu_ticks,
                  kill: Callable[[int], None] = lambda pid: os.kill(pid, signal.SIGKILL),
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 in_flight: Callable[[], dict[int, int]] | None = None):
         self.idle_s, self.max_age_s = idle_s, max_age_s
         self._ticks, self._kill, self._clock = ticks, kill, clock
+        self._in_flight = in_flight  # () -> {stub pid: requests in flight} of the stubs that count them
         self._orphans: dict[int, _Orphan] = {}
 
     def pids(self) -> set[int]:
@@ -50,6 +55,7 @@ class Orphans:
         """One round, given the pids of the server's live stubs: forgets the orphans that exited and kills the
         idle or overdue ones. Returns (model, pid, why) for each killed."""
         now, killed = self._clock(), []
+        counts = self._counts() if self._orphans else {}
         for pid, orphan in list(self._orphans.items()):
             ticks = self._ticks(pid) if pid in live else None
             if ticks is None:  # exited: Triton unloaded the old version after all
@@ -57,7 +63,14 @@ class Orphans:
                 continue
             if ticks != orphan.ticks:
                 orphan.ticks, orphan.changed = ticks, now
-            if now - orphan.changed >= self.idle_s:
+            if pid in counts:  # the stub's own count: CPU time says nothing of a wait on a callee
+                if counts[pid] == 0:
+                    why = "no request in flight"
+                elif now - orphan.adopted >= self.max_age_s:
+                    why = f"still {counts[pid]} request(s) in flight {now - orphan.adopted:.0f} s after the reload"
+                else:
+                    continue
+            elif now - orphan.changed >= self.idle_s:
                 why = f"idle for {now - orphan.changed:.1f} s"
             elif now - orphan.adopted >= self.max_age_s:
                 why = f"still busy {now - orphan.adopted:.0f} s after the reload"
@@ -70,3 +83,25 @@ class Orphans:
                 continue
             killed.append((orphan.model, pid, why))
         return killed
+
+    def _counts(self) -> dict[int, int]:
+        if self._in_flight is None:
+            return {}
+        try:
+            return self._in_flight()
+        except Exception:  # noqa: BLE001 - metrics unreachable: the CPU rule applies
+            return {}
+
+
+def read_in_flight(metrics_url: str, timeout_s: float = 2.0) -> dict[int, int]:
+    """{stub pid: requests in flight} from Triton's /metrics (the BLS fronts' gauge)."""
+    import urllib.request
+
+    from supervisor.metrics_text import gauge_by_label
+
+    with urllib.request.urlopen(metrics_url, timeout=timeout_s) as response:
+        text = response.read().decode(errors="replace")
+    return {int(pid): int(value) for pid, value in gauge_by_label(text, IN_FLIGHT_FAMILY, "stub_pid").items()}
+
+
+IN_FLIGHT_FAMILY = "bls_front_requests_in_flight"  # stage_common/in_flight_metric.py's FAMILY

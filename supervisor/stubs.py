@@ -2,10 +2,14 @@
 
 Stubs are children of tritonserver running `triton_python_backend_stub <model.py> <shm region> ... <instance>`
 where the instance is `<model>_<group>_<index>`. A killed stub is gone or a zombie (empty cmdline), so
-the tracker remembers each instance's pid and checks that pid, not the command line, on the next scan."""
+the tracker remembers each instance's stub by its identity, (pid, start time from /proc/<pid>/stat), and
+checks that process, not the name, on the next scan: two stubs can carry one instance name (an old version
+kept alive by a request in flight, and the new one), and pids wrap (pid_max is 32768 here), so neither
+"some stub has this name" nor "the higher pid is the newer" says which one serves the instance."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,10 +64,12 @@ def scan_stub_pids(server_pid: int, proc: Path = Path("/proc")) -> dict[int, str
     return stubs
 
 
-def by_instance(stubs: dict[int, str], exclude=frozenset()) -> dict[str, int]:
-    """instance -> pid of a scan, but the `exclude`d pids; of two stubs with one instance name, the higher pid
-    (the newer, short of a pid wrap-around)."""
-    return {instance: pid for pid, instance in sorted(stubs.items()) if pid not in exclude}
+def by_instance(stubs: dict[int, str], exclude=frozenset(),
+                started: Callable[[int], int | None] = lambda pid: start_time(pid)) -> dict[str, int]:
+    """instance -> pid of a scan, but the `exclude`d pids; of two stubs with one instance name, the one that
+    started last (the newer: pids wrap, so their order says nothing)."""
+    ordered = sorted(stubs.items(), key=lambda item: (started(item[0]) or 0, item[0]))
+    return {instance: pid for pid, instance in ordered if pid not in exclude}
 
 
 def of_model(stubs: dict[int, str], model: str) -> dict[int, str]:
@@ -73,7 +79,30 @@ def of_model(stubs: dict[int, str], model: str) -> dict[int, str]:
 
 def scan_stubs(server_pid: int, proc: Path = Path("/proc")) -> dict[str, int]:
     """Live stubs of this server: instance -> pid."""
-    return by_instance(scan_stub_pids(server_pid, proc))
+    return by_instance(scan_stub_pids(server_pid, proc), started=lambda pid: start_time(pid, proc))
+
+
+def start_time(pid: int, proc: Path = Path("/proc")) -> int | None:
+    """When the process started, in clock ticks after boot (field 22 of stat(5)); None if it is gone. With
+    the pid it names one process for good: a pid reused after a wrap-around starts later."""
+    try:
+        fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[19])
+
+
+def expected_instances(model: str, config: dict) -> set[str] | None:
+    """The instance names the loaded configuration gives the model (`<group name>_<index>`, the group named
+    `<model>_<group index>` unless the config names it), None if it declares no instance group."""
+    groups = config.get("instance_group")
+    if not groups:
+        return None
+    names: set[str] = set()
+    for index, group in enumerate(groups):
+        name = group.get("name") or f"{model}_{index}"
+        names |= {f"{name}_{i}" for i in range(int(group.get("count", 1)))}
+    return names
 
 
 def cpu_ticks(pid: int, proc: Path = Path("/proc")) -> int | None:
@@ -85,35 +114,72 @@ def cpu_ticks(pid: int, proc: Path = Path("/proc")) -> int | None:
     return int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat(5)
 
 
+StubId = tuple[int, int]  # (pid, start time): one process, whatever its pid's later fate
+
+
 @dataclass
 class StubTracker:
     """Feeds on successive scans; reports models whose stub died while the model is still READY.
 
-    A death is reported after it is seen on `confirm` consecutive scans, so that the short windows of a
-    reload or an unload in progress are not mistaken for one; a model that is no longer READY (the
-    gateway unloaded it) is forgotten, never healed."""
+    Each instance is followed through its newest stub (latest start time). That stub's end is no death if a
+    newer stub serves the instance (a reload); otherwise it is one, even while an older stub still carries the
+    name. A death is reported after it is seen on `confirm` consecutive scans, so that the short windows of a
+    reload or an unload in progress are not mistaken for one; a model that is no longer READY (the gateway
+    unloaded it) is forgotten, never healed; and an instance the loaded configuration no longer has (its
+    count was lowered) is forgotten, never healed (`expected`, asked only when a death is about to be told)."""
     confirm: int = 2
-    known: dict[str, int] = field(default_factory=dict)  # instance -> pid last seen alive
+    known: dict[str, StubId] = field(default_factory=dict)  # instance -> its newest stub last seen alive
     missing: dict[str, int] = field(default_factory=dict)  # instance -> consecutive scans seen dead
 
-    def update(self, stubs: dict[str, int], ready_models: set[str]) -> dict[str, str]:
-        """Returns {model: reason} for the deaths confirmed by this scan."""
-        deaths: dict[str, str] = {}
-        for instance, pid in list(self.known.items()):
+    def update(self, stubs: dict[int, str], ready_models: set[str],
+               started: Callable[[int], int | None] = start_time,
+               expected: Callable[[str], set[str] | None] | None = None) -> dict[str, str]:
+        """Given a scan (pid -> instance), returns {model: reason} for the deaths confirmed by this scan."""
+        alive: set[StubId] = set()
+        newest: dict[str, StubId] = {}
+        for pid, instance in stubs.items():
+            began = started(pid)
+            if began is None:  # exited since the scan
+                continue
+            alive.add((pid, began))
+            if instance not in newest or began > newest[instance][1]:
+                newest[instance] = (pid, began)
+        deaths: dict[str, list[str]] = {}
+        for instance, stub in list(self.known.items()):
+            current = newest.get(instance)
             if model_of(instance) not in ready_models:
-                self.known.pop(instance)
+                self.forget(instance)
+            elif current is not None and current[1] > stub[1]:  # a newer stub serves it (a reload)
+                self.known[instance] = current
                 self.missing.pop(instance, None)
-            elif stubs.get(instance) is None:
+            elif stub not in alive:  # its newest stub is gone and none newer came: older ones do not count
                 self.missing[instance] = self.missing.get(instance, 0) + 1
                 if self.missing[instance] >= self.confirm:
-                    deaths[model_of(instance)] = f"stub process {pid} of '{instance}' died"
+                    deaths.setdefault(model_of(instance), []).append(instance)
             else:
                 self.missing.pop(instance, None)
-        for instance, pid in stubs.items():
-            if model_of(instance) in ready_models:
-                self.known[instance] = pid
-                self.missing.pop(instance, None)
-        return deaths
+        for instance, stub in newest.items():
+            if instance not in self.known and model_of(instance) in ready_models:
+                self.known[instance] = stub
+        reasons: dict[str, str] = {}
+        for model, instances in deaths.items():
+            wanted = expected(model) if expected is not None else None
+            if wanted is not None:
+                for instance in [i for i in instances if i not in wanted]:
+                    self.forget(instance)  # e.g. count lowered from 2 to 1: its stub ended with the old version
+                instances = [i for i in instances if i in wanted]
+            if instances:
+                pid = self.known[instances[0]][0]
+                reasons[model] = f"stub process {pid} of '{instances[0]}' died"
+        return reasons
+
+    def forget(self, instance: str) -> None:
+        self.known.pop(instance, None)
+        self.missing.pop(instance, None)
+
+    def pids(self) -> set[int]:
+        """The pids of the stubs followed (the newest of each instance)."""
+        return {pid for pid, _ in self.known.values()}
 
     def instances(self, model: str) -> list[str]:
         return [i for i in self.known if model_of(i) == model]

@@ -10,6 +10,9 @@ _DTYPES = {
 }
 
 
+bls_handler = None  # tests that run a BLS front set it: (request, decoupled) -> response(s)
+
+
 class TritonError(Exception):
     UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS, CANCELLED = range(8)
 
@@ -38,11 +41,22 @@ class Tensor:
 class InferenceRequest:
     """Test-side request: built from {name: array}; mirrors the server-side request API."""
 
-    def __init__(self, inputs: dict[str, np.ndarray] | None = None, request_id: str = "", **_):
+    def __init__(self, inputs: dict[str, np.ndarray] | list[Tensor] | None = None, request_id: str = "",
+                 model_name: str = "", requested_output_names=None, **_):
+        if isinstance(inputs, list):  # a BLS request built by a model: a list of Tensors
+            inputs = {t.name(): t.as_numpy() for t in inputs}
         self._inputs = {k: Tensor(k, v) for k, v in (inputs or {}).items()}
         self.cancelled = False
         self._request_id = request_id
+        self.model_name, self.requested_output_names = model_name, requested_output_names
         self.sender = ResponseSender()
+
+    def exec(self, decoupled: bool = False):
+        """A BLS call: answered by the test's `bls_handler(request, decoupled)` (a response, or for a
+        decoupled call an iterable of responses)."""
+        if bls_handler is None:
+            raise RuntimeError("this test set no fake_pb_utils.bls_handler for BLS calls")
+        return bls_handler(self, decoupled)
 
     def request_id(self) -> str:
         return self._request_id

@@ -484,3 +484,83 @@ def test_preprocess_checks_the_generators_limits():
     assert limit[0] == limit[1], "codegen_preprocess must reject exactly what the generator would"
     window = json.loads((MODEL_REPOSITORY / "codegen_preprocess" / "1" / "config.json").read_text())["n_positions"]
     assert window == json.loads((GENERATOR_DIR / "config.json").read_text())["n_positions"]
+
+
+# ---- issue 35: every request fails alone, none is lost --------------------------------------------
+
+@pytest.mark.parametrize("bad_id", [-1, 999_999])
+def test_an_id_outside_the_vocabulary_is_refused_alone_and_the_running_batch_goes_on(engine, tokenizer, bad_id):
+    """Issue 35, item 1: the generator is public on Triton; an out-of-vocabulary id used to raise in the
+    embedding, killing the decode loop and every request in it."""
+    running = Collector()
+    engine.submit(GenerationRequest(ids_of(tokenizer, PROMPTS[0]), 24), running)
+    running.wait_tokens(1)
+    with pytest.raises(BadInput, match=rf"input_ids must lie in \[0, {engine.vocab_size}\)"):
+        engine.submit(GenerationRequest(ids_of(tokenizer, "x") + [bad_id], 8), Collector())
+    assert running.wait().error is None and running.ids == reference(engine, tokenizer, PROMPTS[0], 24)
+    assert engine.vocab_size == engine.model.get_input_embeddings().num_embeddings
+
+
+class CancelledRaises(Collector):
+    def cancelled(self):
+        raise ConnectionError("the sink could not ask its client")
+
+
+def test_admission_is_all_or_fail(tokenizer, monkeypatch):
+    """Issue 35, item 7: requests taken from the queue but not yet prefilling were lost (never answered)
+    when asking a sink or building their tensors raised; now each is failed, the running batch goes on."""
+    engine = load_engine(GENERATOR_DIR, max_batch_size=8, max_tokens_limit=512, cancel_poll_seconds=0)
+    try:
+        running = Collector()
+        engine.submit(GenerationRequest(ids_of(tokenizer, PROMPTS[0]), 60), running)
+        running.wait_tokens(1)
+        # a sink that raises when asked fails alone; its batch-mate is served
+        broken, mate = CancelledRaises(), Collector()
+        engine.submit(GenerationRequest(ids_of(tokenizer, "x"), 8), broken)
+        engine.submit(GenerationRequest(ids_of(tokenizer, PROMPTS[1]), 8), mate)
+        assert isinstance(broken.wait().error, ConnectionError)
+        assert mate.wait().error is None and mate.ids == reference(engine, tokenizer, PROMPTS[1], 8)
+        # building the admitted group's tensors raises: every admitted request is failed, none is lost
+        real = engine._left_padded
+        calls = []
+
+        def broken_copy(seqs):
+            calls.append(len(seqs))
+            if len(calls) == 1:
+                raise RuntimeError("copy to the device failed")
+            return real(seqs)
+
+        monkeypatch.setattr(engine, "_left_padded", broken_copy)
+        admitted = [Collector(), Collector()]
+        with engine._wakeup:  # queued together, so admitted together
+            for sink in admitted:
+                engine.submit(GenerationRequest(ids_of(tokenizer, "x"), 8), sink)
+        for sink in admitted:
+            assert isinstance(sink.wait().error, RuntimeError), "an admitted request was lost"
+        assert engine.restarts == 0, "the running batch did not have to die"
+        after = Collector()
+        engine.submit(GenerationRequest(ids_of(tokenizer, "x"), 8), after)
+        assert after.wait().ids == reference(engine, tokenizer, "x", 8)
+        assert running.wait().error is None and running.ids == reference(engine, tokenizer, PROMPTS[0], 60)
+        assert engine._admitting == [] and engine.active == 0
+    finally:
+        engine.close()
+
+
+def test_a_loop_death_during_admission_fails_the_admitted_requests(tokenizer, monkeypatch):
+    """Issue 35, item 7: a BaseException (not caught by admission) still reaches every admitted request."""
+    engine = load_engine(GENERATOR_DIR, max_batch_size=8, max_tokens_limit=512, cancel_poll_seconds=0)
+    try:
+        def dies(*_):
+            monkeypatch.undo()
+            raise KeyboardInterrupt("the loop died mid-admission")
+
+        monkeypatch.setattr(engine, "_prefill_groups", dies)
+        sink = Collector()
+        engine.submit(GenerationRequest(ids_of(tokenizer, "x"), 8), sink)
+        assert sink.wait().error is not None, "the admitted request was lost"
+        after = Collector()
+        engine.submit(GenerationRequest(ids_of(tokenizer, "x"), 8), after)
+        assert after.wait().ids == reference(engine, tokenizer, "x", 8)
+    finally:
+        engine.close()

@@ -58,6 +58,9 @@ class FaultyModel(torch.nn.Module):
     def get_output_embeddings(self):
         return self.inner.get_output_embeddings()
 
+    def get_input_embeddings(self):  # the engine bounds input_ids by its row count
+        return self.inner.get_input_embeddings()
+
 
 def make_engine(base: GenerationEngine, model, **options) -> GenerationEngine:
     return GenerationEngine(model, base.token_bytes, base.eos, max_batch_size=options.pop("max_batch_size", 8),

@@ -4,6 +4,7 @@ the fetched ids equal a pushed stream's."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -202,3 +203,63 @@ def test_through_the_model_bad_pulls_and_fetches_fail_alone_beside_a_good_pull()
         assert ids == pushed.ids and reason == {"eos": "stop"}.get(pushed.reason, pushed.reason)
     finally:
         model.finalize()
+
+
+def test_waiting_for_a_row_is_not_abandonment():
+    """Issue 35, item 6: the abandon clock started at creation, so a stream that had waited longer than
+    abandon_after_s for a row was 'cancelled' right after its first chunk. Only the time since the caller's
+    last answer counts."""
+    now = [0.0]
+    out = Senders()
+    stream = PulledStream(out, "first", abandon_after_s=2, clock=lambda: now[0])
+    now[0] = 5.25  # the first call waited for a row all along
+    assert not stream.cancelled()
+    stream.send([1])
+    out.wait_for("first")
+    assert not stream.cancelled(), "cut off right after its first chunk"
+    now[0] = 6.0
+    stream.fetch("f1")
+    now[0] = 60.0  # a fetch parked for long (the loop is slow) is a caller waiting too
+    assert not stream.cancelled()
+    stream.send([2])
+    assert out.wait_for("f1").token_ids == [2]
+    now[0] = 61.9
+    assert not stream.cancelled()
+    now[0] = 62.1  # 2 s since its last answer and no fetch: the caller is gone
+    assert stream.cancelled()
+
+
+def test_through_the_engine_a_long_wait_for_a_row_still_gets_every_token():
+    """Issue 35, item 6 in-process: one row, a long request holding it, and a pulled stream behind it with
+    its abandon time scaled down below its wait: every token arrives and the reason is 'length'."""
+    engine = load_engine(MODEL_REPOSITORY / "codegen_generator" / "1", max_batch_size=1, max_tokens_limit=512,
+                         cancel_poll_seconds=0)
+    try:
+        from test_codegen_engine import Collector
+
+        holder = Collector()
+        engine.submit(GenerationRequest([11, 12, 13], 500), holder)
+        holder.wait_tokens(1)
+        out = Senders()
+        abandon_s = 0.4
+        stream = PulledStream(out, "call-0", abandon_after_s=abandon_s)
+        queued = time.monotonic()
+        engine.submit(GenerationRequest([7], 16), stream)
+        holder.wait()
+        got, n, waited = [], 0, 0.0
+        while True:
+            chunk = out.wait_for(f"call-{n}")
+            waited = waited or time.monotonic() - queued
+            assert chunk.error is None
+            got += chunk.token_ids
+            if chunk.last:
+                break
+            n += 1
+            time.sleep(abandon_s / 4)  # a caller's round trip between two fetches, well inside abandon_after_s
+            stream.fetch(f"call-{n}")
+        assert waited > abandon_s, "the stream did not wait for a row longer than abandon_after_s"
+
+        assert chunk.finish_reason in ("length", "eos") and chunk.finish_reason != "cancelled"
+        assert chunk.completion_tokens == len(got) and (len(got) == 16 or chunk.finish_reason == "eos")
+    finally:
+        engine.close()

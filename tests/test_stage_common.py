@@ -4,6 +4,8 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import time
+
 import pytest
 
 import fake_pb_utils as pb
@@ -140,3 +142,34 @@ def test_check_token_rows_refuses_what_would_break_a_shared_forward():
             (ids, mask, 5, 3, "[0, 5)"), (-ids, mask, 10, 3, "[0, 10)"), (ids, mask, 10, 2, "3, over the limit of 2")]:
         with pytest.raises(BadInput, match=re.escape(words)):
             check_token_rows(bad_ids, bad_mask, vocab, positions)
+
+
+def test_only_documented_finish_reasons_reach_a_client():
+    """Issue 35, item 6: the generator's "cancelled" (a row it dropped) must not reach a codegen client as a
+    finish_reason: the fronts fail such a request with a retryable error instead."""
+    from stage_common.errors import Overloaded, check_finish_reason
+
+    for reason in ("stop", "length"):
+        check_finish_reason(reason)
+    for reason in ("cancelled", ""):
+        with pytest.raises(Overloaded, match="ended the request early"):
+            check_finish_reason(reason)
+
+
+def test_bounded_workers_report_each_count_of_requests_in_flight():
+    """Issue 35, item 5: the fronts publish this count; the supervisor retires an old stub only at 0."""
+    import threading
+
+    from stage_common.bounded_workers import BoundedWorkers
+
+    seen, release = [], threading.Event()
+    workers = BoundedWorkers(2, "t", on_change=seen.append)
+    workers.submit(release.wait)
+    workers.submit(release.wait)
+    assert workers.busy == 2
+    release.set()
+    deadline = time.monotonic() + 30
+    while workers.busy and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert seen[:2] == [1, 2] and seen[-1] == 0 and workers.busy == 0
+    workers.shutdown()

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import time
+
+import pytest
 from pathlib import Path
 
 from supervisor.exposure import admin_key, is_loopback, restricted_api_args, restriction_required
@@ -11,10 +13,13 @@ from supervisor.stubs import StubTracker, instance_of, model_of, scan_stubs
 STUB = "/work/main/backends/python/triton_python_backend_stub"
 
 
-def fake_proc(root: Path, pid: int, ppid: int, argv: list[str], state: str = "S", comm: str = "triton_python_b") -> None:
+def fake_proc(root: Path, pid: int, ppid: int, argv: list[str], state: str = "S", comm: str = "triton_python_b",
+              started: int | None = None) -> None:
     folder = root / str(pid)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "stat").write_text(f"{pid} ({comm}) {state} {ppid} {pid} 0 0 -1 4194560\n")
+    # stat(5): ... field 14 utime, 15 stime, ..., 22 starttime (default: the pid, i.e. started in pid order)
+    fields = [state, ppid, pid, 0, 0, -1, 4194560, 0, 0, 0, 0, 0, 0, 0, 0, 20, 0, 1, 0, pid if started is None else started]
+    (folder / "stat").write_text(f"{pid} ({comm}) " + " ".join(map(str, fields)) + "\n")
     (folder / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + (b"\0" if argv else b""))
 
 
@@ -39,40 +44,98 @@ def test_scan_finds_live_stubs_of_this_server_only(tmp_path):
     assert scan_stubs(100, tmp_path) == {"ner_decoder_0_0": 101, "ner_tagger_0_0": 102}
 
 
+def by_pid(instances: dict[str, int]) -> dict[int, str]:
+    """A scan (pid -> instance) from instance -> pid."""
+    return {pid: instance for instance, pid in instances.items()}
+
+
+def in_pid_order(pid: int) -> int:
+    return pid  # fake start times: each pid started after the lower ones
+
+
 def test_a_vanished_or_zombie_stub_is_a_death_after_two_scans(tmp_path):
     tracker = StubTracker(confirm=2)
     ready = {"ner", "ner_decoder", "ner_tagger"}
-    assert tracker.update({"ner_decoder_0_0": 101, "ner_tagger_0_0": 102}, ready) == {}
-    assert tracker.update({"ner_tagger_0_0": 102}, ready) == {}  # one scan: could be a reload's window
-    deaths = tracker.update({"ner_tagger_0_0": 102}, ready)
+    assert tracker.update(by_pid({"ner_decoder_0_0": 101, "ner_tagger_0_0": 102}), ready, in_pid_order) == {}
+    assert tracker.update(by_pid({"ner_tagger_0_0": 102}), ready, in_pid_order) == {}  # could be a reload's window
+    deaths = tracker.update(by_pid({"ner_tagger_0_0": 102}), ready, in_pid_order)
     assert list(deaths) == ["ner_decoder"] and "101" in deaths["ner_decoder"]
 
 
 def test_a_stub_replaced_by_a_reload_is_not_a_death():
     tracker = StubTracker()
     ready = {"m"}
-    tracker.update({"m_0_0": 10}, ready)
-    assert tracker.update({"m_0_0": 11}, ready) == {}
-    assert tracker.update({"m_0_0": 11}, ready) == {}
+    tracker.update({10: "m_0_0"}, ready, in_pid_order)
+    assert tracker.update({11: "m_0_0"}, ready, in_pid_order) == {}
+    assert tracker.update({11: "m_0_0"}, ready, in_pid_order) == {}
 
 
 def test_an_unloaded_model_is_not_a_death():
     tracker = StubTracker()
-    tracker.update({"m_0_0": 10, "k_0_0": 12}, {"m", "k"})
-    assert tracker.update({"k_0_0": 12}, {"k"}) == {}  # the gateway unloaded m
-    assert tracker.update({"k_0_0": 12}, {"k"}) == {}
-    assert tracker.update({"k_0_0": 12}, {"k", "m"}) == {}  # loaded again: re-learnt from its stubs
+    tracker.update({10: "m_0_0", 12: "k_0_0"}, {"m", "k"}, in_pid_order)
+    assert tracker.update({12: "k_0_0"}, {"k"}, in_pid_order) == {}  # the gateway unloaded m
+    assert tracker.update({12: "k_0_0"}, {"k"}, in_pid_order) == {}
+    assert tracker.update({12: "k_0_0"}, {"k", "m"}, in_pid_order) == {}  # loaded again: re-learnt from its stubs
 
 
 def test_a_stub_that_dies_right_after_its_heal_is_a_new_death():
     tracker = StubTracker(confirm=1)
-    tracker.update({"m_0_0": 10}, {"m"})
-    assert tracker.update({}, {"m"}) == {"m": "stub process 10 of 'm_0_0' died"}
+    tracker.update({10: "m_0_0"}, {"m"}, in_pid_order)
+    assert tracker.update({}, {"m"}, in_pid_order) == {"m": "stub process 10 of 'm_0_0' died"}
     tracker.healed("m")  # the reload's stub 20 was killed before any scan saw it
-    assert tracker.update({}, {"m"}) == {"m": "stub process 10 of 'm_0_0' died"}
+    assert tracker.update({}, {"m"}, in_pid_order) == {"m": "stub process 10 of 'm_0_0' died"}
     tracker.healed("m")
-    assert tracker.update({"m_0_0": 30}, {"m"}) == {}
-    assert tracker.known == {"m_0_0": 30}
+    assert tracker.update({30: "m_0_0"}, {"m"}, in_pid_order) == {}
+    assert tracker.known == {"m_0_0": (30, 30)}
+
+
+def test_the_death_of_the_newest_stub_is_seen_while_an_older_one_carries_the_name():
+    """Issue 35, item 2: an old version's stub kept alive by a request in flight, and the new one. Killing the
+    new one went unseen because *some* stub still had the name; and after a pid wrap the new stub has the lower
+    pid. The tracker follows the stub that started last, by its (pid, start time)."""
+    starts = {30000: 100, 250: 900}  # the new stub (pid 250, after a wrap-around) started after pid 30000
+    tracker = StubTracker(confirm=2)
+    ready = {"codegen_collect"}
+    both = {30000: "codegen_collect_0_0", 250: "codegen_collect_0_0"}
+    assert tracker.update(both, ready, starts.get) == {}
+    assert tracker.known == {"codegen_collect_0_0": (250, 900)}, "not the higher pid: the later start"
+    old_only = {30000: "codegen_collect_0_0"}  # kill -9 of the new stub
+    assert tracker.update(old_only, ready, starts.get) == {}
+    assert tracker.update(old_only, ready, starts.get) == {"codegen_collect": "stub process 250 of "
+                                                                              "'codegen_collect_0_0' died"}
+    # a pid reused by an unrelated later process is not the stub that died
+    starts[250] = 5000
+    assert "codegen_collect" in tracker.update({30000: "codegen_collect_0_0"}, ready, starts.get)
+    tracker.healed("codegen_collect")
+    starts[260] = 6000  # the heal's stub
+    assert tracker.update({30000: "codegen_collect_0_0", 260: "codegen_collect_0_0"}, ready, starts.get) == {}
+    assert tracker.known == {"codegen_collect_0_0": (260, 6000)}
+
+
+def test_an_instance_the_loaded_configuration_dropped_is_not_a_death():
+    """Issue 35, item 4: lowering an instance count ends that instance's stub with the old version; the expected
+    set follows the loaded configuration, so it is forgotten, not healed (which reloaded it every ~5 s)."""
+    from supervisor.stubs import expected_instances
+
+    config = {"instance_group": [{"kind": "KIND_CPU", "count": 1}]}
+    assert expected_instances("enc", config) == {"enc_0_0"}
+    assert expected_instances("enc", {"instance_group": [{"count": 2}, {"name": "g", "count": 1}]}) == \
+        {"enc_0_0", "enc_0_1", "g_0"}
+    assert expected_instances("ens", {"ensemble_scheduling": {}}) is None
+    tracker = StubTracker(confirm=2)
+    ready, asked = {"enc"}, []
+
+    def expected(model):
+        asked.append(model)
+        return expected_instances(model, config)
+
+    tracker.update({10: "enc_0_0", 11: "enc_0_1"}, ready, in_pid_order, expected)
+    for _ in range(5):  # reloaded with count 1: a new enc_0_0, and enc_0_1's stub ended
+        assert tracker.update({12: "enc_0_0"}, ready, in_pid_order, expected) == {}
+    assert tracker.known == {"enc_0_0": (12, 12)} and asked == ["enc"], "asked once, at the death it prevented"
+    # a real death of an instance the configuration has is still one
+    assert tracker.update({}, ready, in_pid_order, expected) == {}
+    assert tracker.update({}, ready, in_pid_order, expected) == {"enc": "stub process 12 of 'enc_0_0' died"}
 
 
 def test_ensembles_and_bls_pipelines_using_a_model_are_found_transitively():
@@ -178,7 +241,9 @@ def canary_supervisor(tmp_path, monkeypatch, canaries, **kwargs):
     load = fake.load_model
     # each reload starts a new stub; the hung one lives on (an orphan, retired once idle)
     fake.load_model = lambda *a, **k: (load(*a, **k), stubs.update({max(stubs) + 1: "enc_0_0"}))
-    return fake, Supervisor(1, "unused", tmp_path / "s.json", client=fake, canaries=canaries, **kwargs)
+    supervisor = Supervisor(1, "unused", tmp_path / "s.json", client=fake, canaries=canaries, **kwargs)
+    supervisor.started = in_pid_order
+    return fake, supervisor
 
 
 def healed(supervisor, model="enc") -> bool:
@@ -282,7 +347,9 @@ def test_a_blocked_canary_does_not_delay_the_healing_of_a_dead_stub(tmp_path, mo
         returned.set()
 
     supervisor = Supervisor(1, "unused", tmp_path / "s.json", client=fake, period_s=0.02,
-                            canaries={"emb": blocked}, canary_period_s=0.05).start()
+                            canaries={"emb": blocked}, canary_period_s=0.05)
+    supervisor.started = in_pid_order
+    supervisor.start()
     try:
         assert entered.wait(20)
         stubs.clear()  # kill -9
@@ -313,6 +380,8 @@ def test_two_stubs_of_one_instance_are_both_scanned(tmp_path):
     assert scan_stub_pids(100, tmp_path) == {101: "enc_0_0", 105: "enc_0_0"}
     assert scan_stubs(100, tmp_path) == {"enc_0_0": 105}  # the newer
     assert by_instance(scan_stub_pids(100, tmp_path), exclude={105}) == {"enc_0_0": 101}
+    fake_proc(tmp_path, 99, 100, stub_argv("enc", "enc_0_0"), started=1000)  # a reused pid, started last
+    assert scan_stubs(100, tmp_path) == {"enc_0_0": 99}, "the one that started last, not the higher pid"
     assert of_model({101: "enc_0_0", 102: "encoder_0_0"}, "enc") == {101: "enc_0_0"}
 
 
@@ -371,6 +440,7 @@ def test_a_heal_retires_the_old_versions_surviving_stub_once_idle(tmp_path, monk
     fake.load_model = lambda *a, **k: (load(*a, **k), stubs.update({7: "enc_0_0", 8: "enc_0_1"}))
     killed, clock = [], FakeClock()
     supervisor = Supervisor(1, "unused", tmp_path / "s.json", client=fake)
+    supervisor.started = in_pid_order
     supervisor.orphans = Orphans(idle_s=5, ticks=lambda pid: 42, kill=lambda pid: (killed.append(pid), stubs.pop(pid)),
                                  clock=clock)
     supervisor.check_once()
@@ -380,7 +450,7 @@ def test_a_heal_retires_the_old_versions_surviving_stub_once_idle(tmp_path, monk
     assert wait_for(lambda: healed(supervisor)), supervisor.events
     assert supervisor.orphans.pids() == {5} and killed == []
     supervisor.check_once()
-    assert supervisor.tracker.known == {"enc_0_0": 7, "enc_0_1": 8}
+    assert supervisor.tracker.known == {"enc_0_0": (7, 7), "enc_0_1": (8, 8)}
     clock.now = 6
     supervisor.check_once()
     assert killed == [5] and stubs == {7: "enc_0_0", 8: "enc_0_1"}
@@ -398,6 +468,7 @@ def test_a_heal_waits_for_a_new_stub_not_the_hung_one_still_alive(tmp_path, monk
     stubs = {5: "enc_0_0"}  # hung: alive, never answering
     monkeypatch.setattr(monitor, "scan_stub_pids", lambda pid: dict(stubs))
     supervisor = Supervisor(1, "unused", tmp_path / "s.json", client=FakeTriton())
+    supervisor.started = in_pid_order
     supervisor.check_once()
     monkeypatch.setattr(supervisor, "_stubs_back", (lambda wait: lambda m, old: wait(m, old, timeout_s=0.3))(
         supervisor._stubs_back))
@@ -406,3 +477,77 @@ def test_a_heal_waits_for_a_new_stub_not_the_hung_one_still_alive(tmp_path, monk
     supervisor.client.load_model = lambda *a, **k: stubs.update({9: "enc_0_0"})
     assert supervisor.heal("enc", "canary failed: no answer", {"enc", "emb"})
     assert supervisor.orphans.pids() == {5}
+
+
+# ---- issue 35, item 5: overload is not a hang, and an old front is retired only when it has no request ----
+
+def test_a_canary_that_times_out_behind_a_full_generator_is_overload_not_a_hang(monkeypatch):
+    import queue
+
+    from tritonclient.utils import InferenceServerException
+
+    from supervisor import canaries
+
+    calls = []
+
+    def fake_stream_call(client, model, inputs, timeout, headers=None):
+        calls.append(timeout)
+        if len(calls) == 1 or behaviour["refusal"] is None:
+            raise queue.Empty  # the canary's own request waits for a row (or the front is hung)
+        raise behaviour["refusal"]
+
+    behaviour = {"refusal": InferenceServerException("temperature must be >= 0 and finite")}
+    monkeypatch.setattr(canaries, "stream_call", fake_stream_call)
+    canary = canaries.StreamCanary("127.0.0.1:1", "codegen_stream", None, timeout_s=20, liveness_timeout_s=3)
+    canary()  # timed out, but the front refused a bad request at once: alive, overloaded
+    assert canary.overloaded == 1 and calls == [20, 3]
+    calls.clear()
+    behaviour["refusal"] = None  # nothing answers: hung
+    with pytest.raises(TimeoutError, match="no answer from codegen_stream"):
+        canary()
+    # refusals sent by the front's (or the generator's) own code are answers, not failures
+    for message in ("the generator has 256 requests waiting for a row, its limit (max_pending_requests): retry later",
+                    "64 requests in flight, the limit (max_in_flight=64): retry later",
+                    "codegen_generator lost the request (its process was restarted): retry"):
+        calls.clear()
+        monkeypatch.setattr(canaries, "stream_call", lambda *a, m=message, **k: (_ for _ in ()).throw(
+            InferenceServerException(m)))
+        canary()
+    assert set(canaries.default_canaries("127.0.0.1:1")) == {"codegen_stream", "codegen_collect"}
+
+
+def test_an_old_fronts_stub_is_retired_only_when_its_own_count_says_no_request_is_in_flight():
+    from supervisor.orphans import Orphans
+
+    counts, killed, clock = {5: 3}, [], FakeClock()
+    # pid 5 counts its requests (a BLS front waiting on its callee: no CPU), pid 6 does not (CPU rule)
+    orphans = Orphans(idle_s=5, max_age_s=600, ticks=lambda pid: 42, kill=killed.append, clock=clock,
+                      in_flight=lambda: dict(counts))
+    orphans.adopt("codegen_stream", {5})
+    orphans.adopt("enc", {6})
+    clock.now = 30  # no CPU for 30 s: the idle rule alone would have killed the front with 3 live streams
+    assert orphans.retire({5, 6}) == [("enc", 6, "idle for 30.0 s")] and killed == [6]
+    counts[5] = 0
+    assert orphans.retire({5}) == [("codegen_stream", 5, "no request in flight")]
+    orphans.adopt("codegen_stream", {7})
+    counts[7] = 1
+    clock.now = 700  # a hung front: its requests never end
+    assert orphans.retire({7}) == [("codegen_stream", 7, "still 1 request(s) in flight 670 s after the reload")]
+
+
+def test_the_in_flight_gauge_is_read_per_stub_pid_from_prometheus_text():
+    from supervisor.metrics_text import gauge_by_label
+
+    text = ('# TYPE bls_front_requests_in_flight gauge\n'
+            'bls_front_requests_in_flight{model="codegen_stream",stub_pid="123"} 3\n'
+            'bls_front_requests_in_flight{model="codegen_collect",stub_pid="9"} 0\n'
+            'nv_inference_count{model="x",stub_pid="1"} 5\n')
+    assert gauge_by_label(text, "bls_front_requests_in_flight", "stub_pid") == {"123": 3.0, "9": 0.0}
+
+
+def test_the_supervisor_reads_the_gauge_the_fronts_publish():
+    """The family name lives on both sides (the supervisor does not import the Triton-bound stage code)."""
+    from supervisor.orphans import IN_FLIGHT_FAMILY
+
+    source = (Path(__file__).resolve().parent.parent / "backends" / "stage_common" / "in_flight_metric.py").read_text()
+    assert f'FAMILY = "{IN_FLIGHT_FAMILY}"' in source

@@ -279,24 +279,35 @@ def main() -> int:
                 gateway.process.send_signal(signal.SIGTERM)
             server.process.send_signal(signal.SIGTERM)
         else:
-            os.killpg(server.process.pid, signal.SIGKILL)
+            try:
+                os.killpg(server.process.pid, signal.SIGKILL)
+            except ProcessLookupError:  # the group is gone already: the clean-up below must still run
+                pass
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     command = " ".join(server.command())
     print("triton: starting " + (command.replace(key, "<TRITON_ADMIN_KEY>") if key else command), flush=True)
-    server.start()
+    try:
+        server.start()
+    except BaseException:
+        if signals_seen:  # Ctrl-C during start-up: stopped as asked (start() stopped it), no traceback
+            print("triton: stopped during start-up", flush=True)
+            return 0
+        raise
     # a hung stub stays alive: a canary per BLS front served (only the gateway's own models load later)
     canaries = {model: canary for model, canary in default_canaries(server.grpc_url, admin_headers(key)).items()
                 if model in server.explicit_models}
     supervisor = Supervisor(lambda: server.process and server.process.pid, server.grpc_url, state_file, key,
-                            canaries=canaries, canary_period_s=10.0).start()
+                            canaries=canaries, canary_period_s=10.0, metrics_url=server.metrics_url).start()
     try:
         if gateway is not None and not signals_seen:
             gateway.start()
     except BaseException:
         supervisor.stop()
         server.stop()
+        if signals_seen:  # Ctrl-C while the gateway started
+            return 0
         raise
     print(f"triton: ready\n  HTTP    http://{server.http_url}\n  gRPC    {server.grpc_url}\n"
           f"  metrics {server.metrics_url}" + (f"\n  gateway {gateway.url} (docs: {gateway.url}/docs)" if gateway else "")

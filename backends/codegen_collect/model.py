@@ -8,9 +8,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
+from gptj_generator.bls_client import GeneratorClient  # noqa: E402
 from gptj_generator.generation_params import GenerationParams  # noqa: E402
 from stage_common.bls_iterators import IteratorRelease  # noqa: E402
 from stage_common.bounded_workers import BoundedWorkers  # noqa: E402
+from stage_common.in_flight_metric import in_flight_gauge  # noqa: E402
+from stage_common.errors import check_finish_reason  # noqa: E402
 from stage_common.params import config_param  # noqa: E402
 from stage_common.triton_io import error_response, input_array, load_model_config, string_tensor  # noqa: E402
 
@@ -37,9 +40,10 @@ class TritonPythonModel:
 
     def initialize(self, args):
         config = load_model_config(args)
-        self.generator = config_param(config, "generator_model", str)
+        self.generator = GeneratorClient(config_param(config, "generator_model", str), config)
         in_flight = config_param(config, "max_in_flight", int, 64)
-        self.workers = BoundedWorkers(in_flight, "codegen-collect")
+        self.in_flight = in_flight_gauge(args["model_name"])  # the supervisor's "no request in flight"
+        self.workers = BoundedWorkers(in_flight, "codegen-collect", on_change=self.in_flight.set)
         # rows run on their own pool: a request thread waiting for its rows never starves them
         self.row_workers = ThreadPoolExecutor(in_flight, thread_name_prefix="codegen-collect-row")
         self.release = IteratorRelease()
@@ -80,12 +84,11 @@ class TritonPythonModel:
                   pb_utils.Tensor("input_lengths", np.array([[ids.shape[0]]], np.int32)),
                   pb_utils.Tensor("streaming", np.array([[False]]))]
         inputs += [pb_utils.Tensor(name, array) for name, array in params.generator_arrays().items()]
-        call = pb_utils.InferenceRequest(model_name=self.generator, inputs=inputs, request_id=key,
-                                         requested_output_names=["output_ids", "finish_reason", "completion_tokens"])
-        responses = call.exec(decoupled=True)
-        iterators.append(responses)
+        # read to the end even after an error (only a finished iterator is cleaned up), within a deadline,
+        # failing at once if the generator no longer holds the row (its stub died: issue 35)
+        responses = self.generator.call(key, inputs, iterators)
         chunks, reason, count, error = [], "", 0, None
-        for response in responses:  # to the end even after an error: only a finished iterator is cleaned up
+        for response in responses:
             if response.has_error():
                 error = response.error() if error is None else error
                 continue
@@ -99,6 +102,7 @@ class TritonPythonModel:
                 count = int(out["completion_tokens"].reshape(-1)[0])
         if error is not None:
             raise RowError(error)
+        check_finish_reason(reason)  # "stop" or "length" only (README); a dropped row is an error
         return (np.concatenate(chunks).astype(np.int32) if chunks else np.zeros(0, np.int32)), reason, count
 
     @staticmethod

@@ -8,15 +8,17 @@ import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from codegen_postprocess.detokenizer import Detokenizer  # noqa: E402
+from gptj_generator.bls_client import GeneratorClient  # noqa: E402
 from gptj_generator.generation_params import GenerationParams  # noqa: E402
-from stage_common.errors import BadInput  # noqa: E402
+from stage_common.errors import BadInput, check_finish_reason  # noqa: E402
+from stage_common.bls_deadline import CallLost, CallTimedOut, call_with_deadline  # noqa: E402
 from stage_common.bls_iterators import IteratorRelease  # noqa: E402
 from stage_common.bounded_workers import BoundedWorkers  # noqa: E402
+from stage_common.in_flight_metric import in_flight_gauge  # noqa: E402
 from stage_common.params import config_param  # noqa: E402
 from stage_common.triton_io import error_response, load_model_config, string_tensor, version_dir  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-GENERATOR_OUTPUTS = ["output_ids", "finish_reason", "completion_tokens"]
 # a stopped row ends at the generator's next step; each fetch waits for it, so a few suffice
 MAX_FETCHES_AFTER_STOP = 8
 # contract input -> the preprocessing input it feeds (names of Triton's TensorRT-LLM models), which
@@ -49,19 +51,9 @@ def _text(source, name: str, output: bool = False) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode()
 
 
-def _generator_request(model: str, key: str, inputs: list, outputs: list[str] | None = None):
-    return pb_utils.InferenceRequest(model_name=model, request_id=key, inputs=inputs,
-                                     requested_output_names=GENERATOR_OUTPUTS if outputs is None else outputs)
-
-
-def _one_response(call, iterators: list, check: bool = True):
-    """The one response of a decoupled BLS call (the generator answers each pulled-stream call once),
-    read to the end of its iterator, which is kept in `iterators` (stage_common/bls_iterators.py)."""
-    responses = call.exec(decoupled=True)
-    iterators.append(responses)
-    first = None
-    for response in responses:
-        first = response if first is None else first
+def _first(responses: list, check: bool = True):
+    """The one response of a decoupled BLS call (the generator answers each pulled-stream call once)."""
+    first = responses[0] if responses else None
     if first is None and check:
         raise RuntimeError("the generator ended a call without a response")
     return _ok(first) if check else first
@@ -83,10 +75,14 @@ class TritonPythonModel:
     def initialize(self, args):
         config = load_model_config(args)
         self.preprocess = config_param(config, "preprocess_model", str)
-        self.generator = config_param(config, "generator_model", str)
+        # every BLS call has a deadline; a generator call also fails at once when its row was lost (issue 35)
+        self.generator = GeneratorClient(config_param(config, "generator_model", str), config)
+        self.preprocess_timeout_s = config_param(config, "preprocess_timeout_s", float, 30.0)
         # pieces are decoded here, not by a BLS call to codegen_postprocess per piece: one hop less
         self.detokenizer = Detokenizer(version_dir(args) / "tokenizer.json")
-        self.workers = BoundedWorkers(config_param(config, "max_in_flight", int, 64), "codegen-stream")
+        self.in_flight = in_flight_gauge(args["model_name"])  # the supervisor's "no request in flight"
+        self.workers = BoundedWorkers(config_param(config, "max_in_flight", int, 64), "codegen-stream",
+                                      on_change=self.in_flight.set)
         self.release = IteratorRelease()
 
     def execute(self, requests):
@@ -99,7 +95,8 @@ class TritonPythonModel:
         return None
 
     def _call(self, model: str, inputs: list, outputs: list[str]):
-        return _ok(pb_utils.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=outputs).exec())
+        call = pb_utils.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=outputs)
+        return _ok(call_with_deadline(call.exec, model, self.preprocess_timeout_s))
 
     def _serve(self, request, sender):
         iterators = []  # every decoupled BLS call's responses: released only after the stub's cleanup
@@ -132,14 +129,14 @@ class TritonPythonModel:
         prompt_tokens = int(ids_in.shape[1])
         # a pulled stream: this call answers with the first chunk, each fetch with the next (one
         # response per BLS call: see gptj_generator/pulled_stream.py)
-        call = _generator_request(self.generator, key, [
-            pb_utils.Tensor("input_ids", ids_in), pb_utils.Tensor("input_lengths", np.array([[prompt_tokens]], np.int32)),
-            pb_utils.Tensor("pull", np.array([[True]]))]
-            + [pb_utils.Tensor(name, array) for name, array in params.generator_arrays().items()])
+        call = [pb_utils.Tensor("input_ids", ids_in),
+                pb_utils.Tensor("input_lengths", np.array([[prompt_tokens]], np.int32)),
+                pb_utils.Tensor("pull", np.array([[True]]))] \
+            + [pb_utils.Tensor(name, array) for name, array in params.generator_arrays().items()]
         prefix = b"" if params.exclude_input else _text(request, "text_input")
         try:
             while True:
-                response = _one_response(call, iterators)
+                response = _first(self.generator.call(key, call, iterators))
                 if request.is_cancelled():
                     self._stop(key, iterators)
                     return None
@@ -155,25 +152,34 @@ class TritonPythonModel:
                     string_tensor("finish_reason", [reason], (1, 1)),
                     pb_utils.Tensor("prompt_tokens", np.array([[prompt_tokens]], np.int32)),
                     pb_utils.Tensor("completion_tokens", np.array([[count]], np.int32))])
-                if reason:  # "stop" or "length" (the generator says "cancelled" only after a stop)
+                if reason:
+                    # "stop" or "length" only (README): the generator says "cancelled" when it dropped the row
+                    # (a stop this front did not send, or its caller deemed gone): an error, not an end
+                    check_finish_reason(reason)
                     return out
                 sender.send(out)
-                call = _generator_request(self.generator, key, [pb_utils.Tensor("fetch", np.array([[True]]))])
-        except StageError:  # the generator ended the stream with this error
+                call = [pb_utils.Tensor("fetch", np.array([[True]]))]
+        except (StageError, CallLost):  # the generator ended the stream with this error, or lost it
             raise
         except Exception:  # e.g. the client disconnected: free its generator row
             self._stop(key, iterators)
             raise
 
     def _stop(self, key: str, iterators: list) -> None:
-        """Stop the generator's row and read its stream to the (cancelled) end, so nothing is left open."""
-        _one_response(_generator_request(self.generator, key, [pb_utils.Tensor("stop", np.array([[True]]))], []),
-                      iterators, check=False)
-        fetch = [pb_utils.Tensor("fetch", np.array([[True]]))]
-        for _ in range(MAX_FETCHES_AFTER_STOP):
-            response = _one_response(_generator_request(self.generator, key, fetch), iterators, check=False)
-            if response is None or response.has_error() or _text(response, "finish_reason", output=True):
-                return
+        """Stop the generator's row and read its stream to the (cancelled) end, so nothing is left open.
+        Each call waits at most probe_timeout_s: a generator that does not answer has no row to free."""
+        def call(inputs, outputs=None):
+            return _first(self.generator.call(key, inputs, iterators, outputs, probe=False,
+                                              timeout_s=self.generator.probe_timeout_s), check=False)
+        try:
+            call([pb_utils.Tensor("stop", np.array([[True]]))], [])
+            fetch = [pb_utils.Tensor("fetch", np.array([[True]]))]
+            for _ in range(MAX_FETCHES_AFTER_STOP):
+                response = call(fetch)
+                if response is None or response.has_error() or _text(response, "finish_reason", output=True):
+                    return
+        except CallTimedOut:
+            return
 
     def finalize(self):
         self.workers.shutdown()

@@ -18,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 
@@ -25,7 +26,7 @@ from gptj_generator.kv_cache import growing_cache
 from gptj_generator.request_checks import check_lengths, check_stop_words
 from gptj_generator.sampling import SamplingParams, sample
 from gptj_generator.text_stream import TextStream
-from stage_common.errors import Overloaded
+from stage_common.errors import Overloaded, check_token_rows
 
 _log = logging.getLogger("stage")
 # the engine's own end reasons -> OpenAI's finish_reason
@@ -62,6 +63,7 @@ class _Sequence:
     generator: torch.Generator | None
     generated: list[int] = field(default_factory=list)
     cached: int = 0  # real (non-padding) tokens in the KV cache; also the next position id
+    ended: bool = False  # finished or failed: its sink has had its last word
 
     @property
     def last_token(self) -> int:
@@ -95,11 +97,14 @@ class GenerationEngine:
         self.max_pending = max_pending  # requests waiting for a row; over it submit refuses (Overloaded)
         self.max_stop_words, self.max_stop_word_chars = max_stop_words, max_stop_word_chars
         self.context_window = model.config.n_positions
+        # the embedding's row count, the real bound: an id outside it makes the shared forward raise
+        self.vocab_size = model.get_input_embeddings().num_embeddings
         self.device = torch.device(device)
         self._pending: deque[_Sequence] = deque()
         self._wakeup = threading.Condition()
         self._running: list[_Sequence] = []
         self._prefilling: deque[_Prefill] = deque()  # taken from pending, prompts being fed
+        self._admitting: list[_Sequence] = []  # taken from pending, not yet in _prefilling
         self._cache: DynamicCache | None = None
         self._mask: torch.Tensor | None = None  # [rows, cache length]: 1 = real token, 0 = left padding
         self._stopping = False
@@ -117,6 +122,9 @@ class GenerationEngine:
     # ---- requests ---------------------------------------------------------------------------
     def validate(self, request: GenerationRequest) -> None:
         check_lengths(len(request.input_ids), request.max_tokens, self.context_window, self.max_tokens_limit)
+        # composing models are public: an id outside the vocabulary would fail the whole batch's forward
+        ids = np.asarray(request.input_ids, dtype=np.int64).reshape(1, -1)
+        check_token_rows(ids, np.ones_like(ids), self.vocab_size, None)
         check_stop_words(request.stop_words, self.max_stop_words, self.max_stop_word_chars)
         request.sampling.validate()
 
@@ -138,6 +146,14 @@ class GenerationEngine:
         with self._wakeup:
             self._cancelled_keys.add(key)
             self._wakeup.notify()
+
+    def holds(self, key: str) -> bool:
+        """Whether a request submitted with this key is still here (waiting, admitted, fed or decoding): a
+        BLS caller's probe, which tells a slow answer from one that will never come."""
+        with self._wakeup:
+            seqs = list(self._pending) + list(self._admitting) + list(self._running) + \
+                [seq for group in list(self._prefilling) for seq in group.seqs]
+        return any(seq.request.key == key and not seq.ended for seq in seqs)
 
     @property
     def active(self) -> int:
@@ -170,7 +186,8 @@ class GenerationEngine:
                 with self._wakeup:
                     prefilling = [seq for group in self._prefilling for seq in group.seqs]
                     doomed = self._running + [s for s in prefilling if s not in self._running] + list(self._pending)
-                    self._pending, self._prefilling = deque(), deque()
+                    doomed += [s for s in self._admitting if s not in doomed and not s.ended]
+                    self._pending, self._prefilling, self._admitting = deque(), deque(), []
                     self._running, self._cache, self._mask = [], None, None
                     self.restarts += 1
                 _log.error("codegen decode loop died (%r); failing %d request(s) and restarting it", exc,
@@ -180,6 +197,7 @@ class GenerationEngine:
 
     @staticmethod
     def _fail(seq: _Sequence, error: BaseException) -> None:
+        seq.ended = True
         try:
             seq.sink.fail(error)
         except Exception:  # noqa: BLE001 - a sink that cannot even fail must not stop the others
@@ -199,12 +217,14 @@ class GenerationEngine:
                 if keys:  # waiting ones are dropped too (the filter below fails them)
                     admitted += [seq for seq in self._pending if seq.request.key in keys]
                     self._pending = deque(seq for seq in self._pending if seq.request.key not in keys)
+                # between the two queues: the supervisor fails these too if the loop dies before they are in
+                self._admitting = admitted
             started, taking_part = time.perf_counter(), 0
             poll = started - self._polled_at >= self.cancel_poll_seconds
             self._polled_at = started if poll else self._polled_at
+            self._admit(admitted, keys, poll)
             # a failure from here on (e.g. in the forward pass) leaves the batch's cache unusable: the
             # supervisor fails everything in the engine and restarts the loop on a fresh cache
-            self._prefilling += self._prefill_groups([seq for seq in admitted if not self._gone(seq, keys, poll)])
             self._drop_cancelled(keys, poll)
             taking_part = self.running
             self._feed_prompts()
@@ -221,6 +241,23 @@ class GenerationEngine:
         prefilling = [seq for group in self._prefilling for seq in group.seqs]
         for seq in self._running + prefilling + list(self._pending):
             self._fail(seq, RuntimeError("the generator is shutting down"))
+
+    def _admit(self, admitted: list[_Sequence], keys: set[str], poll: bool) -> None:
+        """Admission is all-or-fail: every admitted request ends up being prefilled, finished (cancelled) or
+        failed, never lost between _pending and _prefilling (a BLS caller would wait for it forever)."""
+        try:
+            joining = [seq for seq in admitted if not self._gone(seq, keys, poll)]
+            groups = self._prefill_groups(joining)
+        except Exception as exc:  # noqa: BLE001 - e.g. a tensor copy to the device: the running batch is intact
+            _log.error("codegen admission failed (%r); failing the %d request(s) admitted", exc, len(admitted),
+                       exc_info=exc)
+            for seq in admitted:
+                if not seq.ended:
+                    self._fail(seq, exc)
+            groups = []
+        with self._wakeup:
+            self._prefilling += groups
+            self._admitting = []
 
     def _prefill_groups(self, seqs: list[_Sequence]) -> list[_Prefill]:
         """Requests admitted together are prefilled together, up to a padded-token budget (the
@@ -325,6 +362,7 @@ class GenerationEngine:
         return True
 
     def _finish(self, seq: _Sequence, reason: str) -> bool:
+        seq.ended = True
         seq.sink.finish(reason, seq.stream.flush())
         return False
 
@@ -372,9 +410,15 @@ class GenerationEngine:
         else:
             self._mask = self._select_rows(self._cache, self._mask, keep)
 
-    @staticmethod
-    def _gone(seq: _Sequence, cancelled_keys: set[str], poll: bool) -> bool:
-        if (seq.request.key is not None and seq.request.key in cancelled_keys) or (poll and seq.sink.cancelled()):
+    @classmethod
+    def _gone(cls, seq: _Sequence, cancelled_keys: set[str], poll: bool) -> bool:
+        try:
+            left = poll and seq.sink.cancelled()
+        except Exception as exc:  # noqa: BLE001 - a sink that cannot tell fails its own request alone
+            cls._fail(seq, exc)
+            return True
+        if (seq.request.key is not None and seq.request.key in cancelled_keys) or left:
+            seq.ended = True
             try:
                 seq.sink.finish("cancelled", [])  # an ordinary end: whoever stopped it reads the stream out
             except Exception:  # noqa: BLE001 - the client is gone already; its row is freed all the same

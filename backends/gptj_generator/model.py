@@ -162,6 +162,8 @@ class TritonPythonModel:
                                   max_stop_word_chars=config_param(config, "max_stop_word_chars", int, 64),
                                   cancel_poll_seconds=config_param(config, "cancel_poll_seconds", float, 0.0))
         self.pulled = PulledStreams()
+        # a pulled stream nobody fetched for this long (its caller's stub died) ends and frees its row
+        self.abandon_after_s = config_param(config, "pulled_stream_abandon_s", float, 60.0)
 
     def execute(self, requests):
         for request in requests:
@@ -172,6 +174,9 @@ class TritonPythonModel:
                     continue
                 if scalar_input(request, "fetch", False):
                     self.pulled.fetch(request.request_id(), sender)
+                    continue
+                if scalar_input(request, "probe", False):
+                    self._probe(request, sender)
                     continue
                 generation, streaming, pull = parse(request)
                 if pull:
@@ -187,7 +192,7 @@ class TritonPythonModel:
 
     def _submit_pulled(self, generation: GenerationRequest, sender) -> None:
         """The request's own response is its first chunk; its caller fetches the rest (pulled_stream.py)."""
-        stream = PulledStream(deliver_chunk, sender)
+        stream = PulledStream(deliver_chunk, sender, abandon_after_s=self.abandon_after_s)
         self.pulled.open(generation.key, stream)
         try:
             self.engine.submit(generation, stream)
@@ -201,6 +206,17 @@ class TritonPythonModel:
         if not request.request_id():
             raise BadInput("a stop request needs the request_id of the request to stop")
         self.engine.cancel(request.request_id())
+        sender.send(flags=FINAL)
+
+    def _probe(self, request, sender) -> None:
+        """probe=true with a request_id: an empty final answer if that request is still here, else
+        INVALID_ARGUMENT. A BLS front waiting long for an answer asks, to tell a slow generator from one
+        whose stub died and was replaced (the new stub knows nothing of the old one's requests)."""
+        key = request.request_id()
+        if not key:
+            raise BadInput("a probe needs the request_id of the request it asks about")
+        if not (self.engine.holds(key) or key in self.pulled):
+            raise BadInput(f"no request in flight has request_id '{key}'")
         sender.send(flags=FINAL)
 
     def finalize(self):

@@ -50,7 +50,9 @@ class PulledStream:
         self._reason: str | None = None
         self._error: BaseException | None = None
         self._waiting = first_sender  # the generation request itself waits for the first chunk
-        self._fetched_at = clock()
+        # when the caller last had no call waiting here: set on each delivery, not at creation, so that the
+        # time a request waits for a row (its first call parked all along) never counts as abandonment
+        self._answered_at = clock()
         self.delivered_last = False
 
     # -- the engine's Sink
@@ -64,9 +66,10 @@ class PulledStream:
         self._append([], error=error)
 
     def cancelled(self) -> bool:
-        """A caller that stopped fetching (its stub died) does not keep a row: the request ends."""
+        """A caller that stopped fetching (its stub died) does not keep a row: the request ends. Only the
+        time since its last answer counts (a call parked here, e.g. waiting for a row, is a caller waiting)."""
         with self._lock:
-            return self._waiting is None and self._clock() - self._fetched_at > self._abandon_after_s
+            return self._waiting is None and self._clock() - self._answered_at > self._abandon_after_s
 
     # -- the caller's side
     def fetch(self, sender) -> None:
@@ -76,7 +79,6 @@ class PulledStream:
                 raise BadInput("no open stream has this request_id: its last chunk was delivered")
             if self._waiting is not None:
                 raise BadInput("a fetch for this stream is already waiting: fetch one chunk at a time")
-            self._fetched_at = self._clock()
             self._waiting = sender
             ready = self._take_locked()
         if ready:
@@ -86,7 +88,7 @@ class PulledStream:
         """Ended and not fetched for abandon_after_s: the caller will not come back for it."""
         with self._lock:
             return (self._reason is not None or self._error is not None) and self._waiting is None \
-                and self._clock() - self._fetched_at > self._abandon_after_s
+                and self._clock() - self._answered_at > self._abandon_after_s
 
     def _append(self, token_ids: list[int], reason: str | None = None, error: BaseException | None = None) -> None:
         with self._lock:
@@ -108,6 +110,7 @@ class PulledStream:
             return None
         chunk = Chunk(self._ids, self._count, self._reason, self._error)
         sender, self._waiting, self._ids = self._waiting, None, []
+        self._answered_at = self._clock()
         self.delivered_last = chunk.last
         return sender, chunk
 
@@ -142,6 +145,12 @@ class PulledStreams:
         if stream.delivered_last:
             with self._lock:
                 self._streams.pop(key, None)
+
+    def __contains__(self, key: str) -> bool:
+        """An open stream (its last chunk not yet delivered) has this key."""
+        with self._lock:
+            stream = self._streams.get(key)
+        return stream is not None and not stream.delivered_last
 
     def __len__(self) -> int:
         with self._lock:

@@ -37,6 +37,16 @@ def check_limit(value: int, limit: int, what: str, setting: str) -> None:
         raise BadInput(f"{what} is {value}, over the limit of {limit} ({setting})")
 
 
+FINISH_REASONS = ("stop", "length")  # what a client may see as finish_reason (README, OpenAI's completions)
+
+
+def check_finish_reason(reason: str) -> None:
+    """A generation front passes on only documented finish reasons: any other end (e.g. the generator's
+    "cancelled" for a row it dropped) fails the request as an overload, which the client may retry."""
+    if reason not in FINISH_REASONS:
+        raise Overloaded(f"the generator ended the request early ({reason or 'no finish_reason'}): retry")
+
+
 def internal_error_message(exc: BaseException, where: str = "") -> str:
     """Log the full error with a fresh id and return what the client may see: the id, no internals."""
     error_id = uuid.uuid4().hex[:12]
