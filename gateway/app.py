@@ -7,7 +7,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 from fastapi import FastAPI
 
-from gateway import errors, prometheus
+from gateway import docs_pages, errors, prometheus
 from gateway.registry import ModelRegistry
 from gateway.routers import collections, completions, embeddings, health, models, seed
 from gateway.search.collections import Collections
@@ -32,9 +32,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
 
     app = FastAPI(title="Triton pipelines gateway", version="0.1.0", lifespan=lifespan,
+                  **docs_pages.fastapi_kwargs(),
                   description="Embeddings (OpenAI-compatible and seed-001 endpoints), runtime model management, "
                               "completions and image search, served by the Triton server beside it.")
     app.state.settings = settings
+    docs_pages.install(app)  # /docs and /redoc with their assets from a package, not a CDN
     errors.install(app)
     app.state.metrics = prometheus.install(app)
     app.state.extra_model_ids = []  # other model families (completions) list their ids here
