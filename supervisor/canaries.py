@@ -1,6 +1,6 @@
 """The launcher's canaries: one cheap request per model whose stub can hang while staying alive.
 
-Triton 2.51's python_backend stub can deadlock in codegen_stream (a decoupled BLS front, README: "A
+Triton 2.51's python_backend stub can deadlock in codegen_stream (a decoupled BLS front, docs/operations.md: "A
 python_backend bug"): the process lives on, so the /proc scan sees nothing, but it never answers again.
 A canary raises when its model gives no final answer in time; the supervisor heals after repeated failures."""
 from __future__ import annotations
