@@ -34,10 +34,13 @@ def browser():
 
 def test_pages_name_no_host_but_their_own(gateway):
     for page in ("/docs", "/redoc"):
-        html = gateway.http.get(page).text
+        response = gateway.http.get(page)
+        html = response.text
+        assert response.headers["content-security-policy"].startswith("default-src 'self'")
         assert not re.findall(r"https?://", html), f"{page} names an outside address"
         for asset in re.findall(r'(?:src|href)="([^"]+)"', html):
             assert gateway.http.get(asset).status_code == 200, asset
+    assert '"persistAuthorization": true' in gateway.http.get("/docs").text  # "Authorize" survives a reload
 
 
 def test_swagger_ui_lists_every_operation_offline(gateway, openapi, browser):
