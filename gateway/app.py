@@ -7,9 +7,9 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 from fastapi import FastAPI
 
-from gateway import docs_pages, errors, prometheus
+from gateway import docs_pages, errors, prometheus, ui
 from gateway.registry import ModelRegistry
-from gateway.routers import collections, completions, embeddings, health, models, seed
+from gateway.routers import collections, completions, embeddings, health, models, pipelines, seed
 from gateway.search.collections import Collections
 from gateway.settings import Settings
 from gateway.triton_engine import TritonEngine
@@ -44,6 +44,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(router)
     app.include_router(completions.router)
     app.include_router(collections.router)
+    app.include_router(pipelines.router)
+    ui.install(app)  # /ui: static page over the public API
     app.state.extra_model_ids.append(settings.completions_model)  # served by codegen_stream
     return app
 
