@@ -48,17 +48,22 @@ class RequestLog:
         return [(u, f) for u, f in self.failed if u not in self.external()]
 
 
+def launch_local(browser_type):
+    """A headless chromium whose only reachable host is 127.0.0.1 (a closed port is its proxy for the rest)."""
+    closed = free_port()  # bound then released: nothing listens there
+    return browser_type.launch(
+        executable_path=chromium_executable(), headless=True,
+        proxy={"server": f"http://127.0.0.1:{closed}", "bypass": "127.0.0.1,localhost"},
+        args=["--no-sandbox", "--disable-background-networking", "--disable-component-update"])
+
+
 @contextmanager
 def local_browser():
-    """A headless chromium whose only reachable host is 127.0.0.1 (a closed port is its proxy for the rest)."""
+    """launch_local's browser for the duration of the block."""
     from playwright.sync_api import sync_playwright
 
-    closed = free_port()  # bound then released: nothing listens there
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=chromium_executable(), headless=True,
-            proxy={"server": f"http://127.0.0.1:{closed}", "bypass": "127.0.0.1,localhost"},
-            args=["--no-sandbox", "--disable-background-networking", "--disable-component-update"])
+        browser = launch_local(playwright.chromium)
         try:
             yield browser
         finally:

@@ -31,7 +31,7 @@ def site(tmp_path_factory):
 
 def test_strict_build_has_every_page(site):
     for page in ("quickstart", "pipelines", "gateway-api", "model-profiles", "operations", "deployment",
-                 "performance", "architecture", "development"):
+                 "performance", "architecture", "development", "ui"):
         assert (site / page / "index.html").is_file(), page
 
 
