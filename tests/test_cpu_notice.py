@@ -55,6 +55,7 @@ def test_no_gpu_gives_one_line_naming_cpu_and_every_expected_message():
                     "CUDA driver version is insufficient", "DCGM unable to start", "Failed to initialize NVML"):
         assert message in line
     assert "docs/operations.md" in line
+    assert "triton: ready" not in line, "callers wait for that text: the notice must not contain it"
 
 
 def test_a_usable_gpu_prints_nothing():

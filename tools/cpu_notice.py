@@ -40,4 +40,4 @@ def cpu_notice(devices: int, reason: str) -> str | None:
     expected = "; ".join(f"'{m}'" for m in EXPECTED_MESSAGES)
     return (f"triton: no usable GPU ({reason}): serving on CPU. Triton's CUDA/DCGM start-up messages are "
             f"expected here and harmless: {expected} (docs/operations.md, 'Start-up messages'); the lines "
-            f"that matter are a model's 'failed to load' and the launcher's 'triton: ready'.")
+            f"that matter are a model's 'failed to load' and the launcher's own ready line.")
