@@ -113,7 +113,12 @@ def test_index_by_dropping_then_search_by_text_and_by_image(page, api, images, s
     drop_files(page, "#index-drop", images[:20])
     wait_until(page, "document.getElementById('index-status').textContent.startsWith('Indexed 20 of 20')",
                            timeout=120_000)
-    page.set_input_files("#index-files", [str(p) for p in images[20:]])
+    folder = images[0].parent / "folder"  # the rest as a folder, through the folder picker
+    folder.mkdir(exist_ok=True)
+    for p in images[20:]:
+        (folder / p.name).write_bytes(p.read_bytes())
+    (folder / "notes.txt").write_text("not an image: left out")
+    page.set_input_files("#index-folder", str(folder))
     wait_until(page, "document.getElementById('index-status').textContent.startsWith('Indexed 4 of 4')",
                            timeout=120_000)
     assert api.http.get(f"/collections/{COLLECTION}").json()["count"] == N_IMAGES

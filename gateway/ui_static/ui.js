@@ -74,24 +74,50 @@ function pointId(name) {
   return stem.replace(/[^A-Za-z0-9_-]/g, "_").slice(0, 128);
 }
 
+const isImage = (f) => f.type.startsWith("image/") || /\.(jpe?g|png|webp|bmp|gif)$/i.test(f.name);
+
+// The files of a drop, folders walked (a dropped folder's entries are read through the entries API).
+async function droppedFiles(transfer) {
+  const entries = [...(transfer.items || [])].map((i) => i.webkitGetAsEntry && i.webkitGetAsEntry()).filter(Boolean);
+  if (!entries.length || entries.every((entry) => entry.isFile)) return [...transfer.files];
+  const files = [];
+  async function walk(entry) {
+    if (entry.isFile) {
+      files.push(await new Promise((resolve, reject) => entry.file(resolve, reject)));
+    } else if (entry.isDirectory) {
+      const reader = entry.createReader();
+      for (;;) {  // readEntries answers in pages until an empty one
+        const page = await new Promise((resolve, reject) => reader.readEntries(resolve, reject));
+        if (!page.length) break;
+        for (const child of page) await walk(child);
+      }
+    }
+  }
+  for (const entry of entries) await walk(entry);
+  return files;
+}
+
 // A drop zone: drag and drop, or its file input (reachable by keyboard: Enter / Space on the zone).
-function dropZone(zoneId, inputId, onFiles) {
+function dropZone(zoneId, inputId, onFiles, extraInputs = []) {
   const zone = $(zoneId), input = $(inputId);
   zone.addEventListener("dragover", (e) => { e.preventDefault(); zone.classList.add("over"); });
   zone.addEventListener("dragleave", () => zone.classList.remove("over"));
-  zone.addEventListener("drop", (e) => {
+  zone.addEventListener("drop", async (e) => {
     e.preventDefault();
     zone.classList.remove("over");
-    const files = [...e.dataTransfer.files].filter((f) => f.type.startsWith("image/") || !f.type);
+    const files = (await droppedFiles(e.dataTransfer)).filter(isImage);
     if (files.length) onFiles(files);
   });
   zone.addEventListener("keydown", (e) => {
     if (e.key === "Enter" || e.key === " ") { e.preventDefault(); input.click(); }
   });
-  input.addEventListener("change", () => {
-    if (input.files.length) onFiles([...input.files]);
-    input.value = "";
-  });
+  for (const picker of [input, ...extraInputs.map($)]) {
+    picker.addEventListener("change", () => {
+      const files = [...picker.files].filter(isImage);
+      if (files.length) onFiles(files);
+      picker.value = "";
+    });
+  }
 }
 
 // ---- image search
@@ -267,7 +293,7 @@ function submitter(formId, run) {
 $("api-key").value = sessionStorage.getItem("apiKey") || "";
 $("api-key").addEventListener("change", () => sessionStorage.setItem("apiKey", $("api-key").value.trim()));
 $("key-form").addEventListener("submit", (e) => e.preventDefault());
-dropZone("index-drop", "index-files", indexFiles);
+dropZone("index-drop", "index-files", indexFiles, ["index-folder"]);
 dropZone("query-drop", "query-file", async (files) => search({ image: await dataUrl(files[0]) }, null));
 dropZone("caption-drop", "caption-file", (files) => captionFile(files[0]));
 submitter("search-form", (button) => search({ text: $("search-text").value }, button));
