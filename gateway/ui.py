@@ -10,6 +10,9 @@ from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
 UI_URL = "/ui"
+# Reachable without a key when keys are on (the page is static; each API call it makes carries the key).
+PUBLIC_PATHS = (UI_URL,)
+PUBLIC_PREFIXES = (UI_URL + "/",)
 STATIC_DIR = Path(__file__).resolve().parent / "ui_static"
 # blob: and data: for the previews and thumbnails the page makes from dropped files
 CONTENT_SECURITY_POLICY = ("default-src 'self'; img-src 'self' data: blob:; style-src 'self'; script-src 'self'; "
