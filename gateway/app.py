@@ -34,7 +34,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="Triton pipelines gateway", version="0.1.0", lifespan=lifespan,
                   **docs_pages.fastapi_kwargs(),
                   description="Embeddings (OpenAI-compatible and seed-001 endpoints), runtime model management, "
-                              "completions and image search, served by the Triton server beside it.")
+                              "completions, image search, named entities and food photo captions, served by the "
+                              "Triton server beside it. A browser page over this API is at /ui.")
     app.state.settings = settings
     docs_pages.install(app)  # /docs and /redoc with their assets from a package, not a CDN
     errors.install(app)
