@@ -8,7 +8,7 @@ METRICS_PORT ?= 8002
 TRITON_IMAGE ?= triton-pipelines:latest
 export MODEL_PROFILE HOST HTTP_PORT GRPC_PORT METRICS_PORT
 
-.PHONY: setup model triton test unit bench soak sweep triton-docker clean deploy-check
+.PHONY: setup model triton test unit bench soak sweep triton-docker clean deploy-check docs
 
 setup:
 	@bash tools/setup.sh
@@ -20,8 +20,12 @@ triton: setup model
 	@exec $(PY) tools/triton_launcher.py
 
 test: setup model
-	@bash deploy/install_tools.sh || echo "test: prometheus/kubectl not installable: tests/test_deploy.py skips those checks"
+	@bash deploy/install_tools.sh || echo "test: prometheus/kubectl/chromium not installable: tests/test_deploy.py skips those checks, the browser tests fail"
 	@$(PY) -m pytest $(PYTEST_ARGS)
+
+# The docs site (MkDocs + Material) into site/; the same strict build runs in `make test` (tests/test_docs_site.py).
+docs: setup
+	@NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 unit: setup
 	@$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
@@ -34,7 +38,7 @@ soak: setup model
 bench: setup model
 	@$(PY) bench/suite.py $(BENCH_ARGS)
 
-# Published ports bind loopback unless told otherwise (DOCKER_BIND=0.0.0.0: then set TRITON_ADMIN_KEY, README "Exposure").
+# Published ports bind loopback unless told otherwise (DOCKER_BIND=0.0.0.0: then set TRITON_ADMIN_KEY, docs/operations.md "Exposure").
 DOCKER_BIND ?= 127.0.0.1
 triton-docker: model
 	docker build -f Dockerfile.triton --build-arg BAKE_MODELS=0 -t $(TRITON_IMAGE) .
@@ -50,7 +54,7 @@ deploy-check: setup model
 clean:
 	find model_repository -mindepth 3 -maxdepth 3 -path '*/[0-9]*/*' ! -name .gitkeep -exec rm -rf {} +
 
-# The configuration matrix vs the FastAPI peer: bench-results/<date>/report.md + plots, and README's sweep section.
-SWEEP_ARGS ?= --readme
+# The configuration matrix vs the FastAPI peer: bench-results/<date>/report.md + plots, and docs/performance.md's sweep section.
+SWEEP_ARGS ?= --docs
 sweep: setup model
 	@$(PY) bench/sweep.py $(SWEEP_ARGS)

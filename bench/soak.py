@@ -29,7 +29,7 @@ PIPELINES = ["text_embedding", "ner", "food_captioning", "codegen", "codegen_str
 # networks (ONNX Runtime) and numpy/tokenizer stages in turn: a 30-minute soak (5 kills) kills the three
 # networks and two of the others; a 120 s soak kills only the first
 # not codegen_generator: killing the decoupled generator's stub under load sometimes aborts tritonserver
-# (boost::interprocess::lock_exception in libtriton_python, Triton 2.51; README "Supervision")
+# (boost::interprocess::lock_exception in libtriton_python, Triton 2.51; docs/operations.md "Supervision")
 KILL_TARGETS = ["text_embedding_encoder", "ner_decoder", "food_captioning_captioner", "text_embedding_tokenizer",
                 "ner_tagger", "food_captioning_preprocess", "codegen_postprocess"]
 HEAL_LIMIT_S = 5.0

@@ -2,7 +2,7 @@
 count 1/2 x max batch size x torch/ONNX Runtime where the stage has both), at concurrency 1, 8, 32,
 next to the FastAPI peer and the in-process limit measured in the same run, and the shipped configuration
 itself. Writes bench-results/<date>/report.md (tables: req/s, p50/p95, served/limit, served/peer, RSS) and
-PNG plots; --readme rewrites README.md's generated sweep section from the same figures.
+PNG plots; --docs rewrites the generated sweep section of docs/performance.md from the same figures.
 
 This box's speed drifts by up to 2x over minutes, and the matrix measures one configuration after another,
 so a slow patch hits one configuration's points together. After the matrix, the shipped configuration and
@@ -324,7 +324,7 @@ def summary_table(summary: list[dict]) -> list[str]:
     return lines
 
 
-README_BEGIN, README_END = "<!-- sweep:begin (bench/sweep.py --readme writes this) -->", "<!-- sweep:end -->"
+README_BEGIN, README_END = "<!-- sweep:begin (bench/sweep.py --docs writes this) -->", "<!-- sweep:end -->"
 README_INTRO = ("Each line names the run its pipelines' rows come from (a run of some pipelines, `--pipelines`, "
                 "replaces their rows and keeps the others'); full tables and plots are in that run's report (not "
                 "committed: `bench-results/` is ignored; rerun `make sweep`).")
@@ -343,6 +343,9 @@ def _earlier_parts(section: str, swept: set[str]) -> tuple[list[str], list[str]]
         elif line.startswith("| ") and not line.startswith("| pipeline |") and line.split("|")[1].strip() not in swept:
             rows.append(line)
     return notes, rows
+
+
+PERFORMANCE_PAGE = ROOT / "docs" / "performance.md"  # the docs page that holds the generated section
 
 
 def write_readme(readme: Path, report: Path, summary: list[dict], header: str) -> None:
@@ -369,7 +372,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=1.5)
     parser.add_argument("--rounds", type=int, default=2, help="head-to-head rounds of shipped vs the configurations that beat it")
     parser.add_argument("--quick", action="store_true", help="two configurations only (smoke run)")
-    parser.add_argument("--readme", action="store_true", help="rewrite README.md's generated sweep section")
+    parser.add_argument("--docs", "--readme", dest="docs", action="store_true",
+                        help="rewrite the generated sweep section of docs/performance.md (--readme: its old name)")
     args = parser.parse_args()
     out_dir = ROOT / "bench-results" / datetime.date.today().isoformat()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -386,9 +390,9 @@ def main() -> int:
     report.write_text(f"# make sweep\n\n{header}\n\n" + "\n".join(summary_table(summary)) + "\n\n"
                       + "\n".join(section for section, _ in results))
     print(f"sweep: wrote {report}")
-    if args.readme:
-        write_readme(ROOT / "README.md", report, summary, header)
-        print("sweep: README.md's sweep section rewritten")
+    if args.docs:
+        write_readme(PERFORMANCE_PAGE, report, summary, header)
+        print(f"sweep: {PERFORMANCE_PAGE.relative_to(ROOT)}'s sweep section rewritten")
     return 0
 
 

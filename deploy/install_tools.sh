@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs what `make deploy-check` needs from Debian when it is missing: promtool + prometheus
 # (to evaluate every PromQL expression against a live tritonserver) and, when no kubectl is on PATH,
-# kubernetes-client (its `kubectl kustomize` renders the overlays). Idempotent: exits at once when present.
+# kubernetes-client (its `kubectl kustomize` renders the overlays); and chromium, the headless browser the
+# gateway's page tests drive (/docs, /redoc: tests/test_docs_offline.py). Idempotent: exits at once when present.
 set -euo pipefail
 want=()
 command -v promtool >/dev/null && command -v prometheus >/dev/null || want+=(prometheus)
 command -v kubectl >/dev/null || want+=(kubernetes-client)
+command -v chromium >/dev/null || want+=(chromium)
 [ ${#want[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then
   SUDO=sudo; command -v sudo >/dev/null || { echo "deploy tools: need root to apt-get install ${want[*]}" >&2; exit 1; }

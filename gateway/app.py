@@ -7,9 +7,9 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 from fastapi import FastAPI
 
-from gateway import errors, prometheus
+from gateway import docs_pages, errors, prometheus, ui
 from gateway.registry import ModelRegistry
-from gateway.routers import collections, completions, embeddings, health, models, seed
+from gateway.routers import collections, completions, embeddings, health, models, pipelines, seed
 from gateway.search.collections import Collections
 from gateway.settings import Settings
 from gateway.triton_engine import TritonEngine
@@ -32,9 +32,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
 
     app = FastAPI(title="Triton pipelines gateway", version="0.1.0", lifespan=lifespan,
+                  **docs_pages.fastapi_kwargs(),
                   description="Embeddings (OpenAI-compatible and seed-001 endpoints), runtime model management, "
-                              "completions and image search, served by the Triton server beside it.")
+                              "completions, image search, named entities and food photo captions, served by the "
+                              "Triton server beside it. A browser page over this API is at /ui.")
     app.state.settings = settings
+    docs_pages.install(app)  # /docs and /redoc with their assets from a package, not a CDN
     errors.install(app)
     app.state.metrics = prometheus.install(app)
     app.state.extra_model_ids = []  # other model families (completions) list their ids here
@@ -42,6 +45,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(router)
     app.include_router(completions.router)
     app.include_router(collections.router)
+    app.include_router(pipelines.router)
+    ui.install(app)  # /ui: static page over the public API
     app.state.extra_model_ids.append(settings.completions_model)  # served by codegen_stream
     return app
 

@@ -45,7 +45,7 @@ def stubs_of(server, model: str) -> set[int]:
     ("ner_decoder", "ner", 5.0),  # a numpy stage
     # not the decoupled generator: killing its stub under load sometimes aborts tritonserver itself
     # (`boost::interprocess::lock_exception` thrown in libtriton_python, Triton 2.51; seen in a CI run
-    # after 14 clean kills), which would take every later test down with it (README "Supervision")
+    # after 14 clean kills), which would take every later test down with it (docs/operations.md "Supervision")
 ])
 def test_a_killed_stub_is_healed_under_load(supervised, stub, pipeline, heal_limit_s):
     server, supervisor, state_file = supervised

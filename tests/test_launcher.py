@@ -40,6 +40,15 @@ def test_launcher_serves_then_stops_cleanly(sig, tmp_path):
         output = (tmp_path / "launcher.log").read_text()
         assert f"127.0.0.1:{ports['GRPC_PORT']}" in output and f"127.0.0.1:{ports['HTTP_PORT']}" in output
         assert f"127.0.0.1:{ports['GATEWAY_PORT']}" in output
+        # issue 32: on a machine without a usable GPU, one line says so and that Triton's CUDA lines are expected
+        from tools.cpu_notice import cpu_notice, cuda_devices
+
+        notice = cpu_notice(*cuda_devices())
+        if notice is None:
+            assert "serving on CPU" not in output
+        else:
+            assert notice in output.splitlines()
+            assert output.index(notice) < output.index("CudaDriverHelper"), "the line comes before Triton's"
         server_and_stubs = process_tree(proc.pid)[1:]
         assert len(server_and_stubs) >= 5, "the gateway, tritonserver and the text_embedding stubs should be running"
         # this launcher's regions (other servers on the box, the session's or a neighbour's, make their own)

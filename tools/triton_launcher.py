@@ -232,6 +232,7 @@ def main() -> int:
                         help="comma-separated models to load at start (default: every shipped model)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
+    from tools.cpu_notice import cpu_notice, cuda_devices
     from tools.gateway_process import GatewayProcess
 
     data_dir = args.data_dir.resolve()
@@ -288,6 +289,9 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_signal)
     command = " ".join(server.command())
     print("triton: starting " + (command.replace(key, "<TRITON_ADMIN_KEY>") if key else command), flush=True)
+    notice = cpu_notice(*cuda_devices())  # before Triton's own CUDA/DCGM lines, which it explains
+    if notice:
+        print(notice, flush=True)
     try:
         server.start()
     except BaseException:

@@ -1,0 +1,47 @@
+"""The shipped `ner` and `food_captioning` pipelines over HTTP, one item a request: what the /ui page (and any
+HTTP client) calls. Bounds are the gateway's (MAX_TEXT_BYTES, the image bounds) before Triton sees the
+request, then the pipeline's own (its INVALID_ARGUMENT becomes a 400 with its message)."""
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict
+
+from gateway.embedding import check_texts
+from gateway.images import image_bytes
+from gateway.triton_engine import string_rows
+
+router = APIRouter(tags=["pipelines"])
+
+NER_MODEL, CAPTION_MODEL = "ner", "food_captioning"
+
+
+class NerRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str
+
+
+class CaptionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    image: str  # base64, a data: URL, or an allowlisted http(s) URL (as /v1/embeddings' images)
+
+
+def _text(value) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+@router.post("/v1/ner", summary="Named entities of a text (the ner pipeline)")
+async def ner(body: NerRequest, request: Request) -> dict:
+    check_texts([body.text], request.app.state.settings, "text")
+    out = await request.app.state.engine.infer(NER_MODEL, {"text": string_rows([body.text])}, ["entities"])
+    return {"model": NER_MODEL, "entities": json.loads(_text(out["entities"].reshape(-1)[0]))}
+
+
+@router.post("/v1/caption", summary="Food-11 label, score and caption of an image (the food_captioning pipeline)")
+async def caption(body: CaptionRequest, request: Request) -> dict:
+    data = await image_bytes(body.image, request.app.state.settings)
+    out = await request.app.state.engine.infer(CAPTION_MODEL, {"image": string_rows([data])},
+                                               ["label", "score", "caption"])
+    return {"model": CAPTION_MODEL, "label": _text(out["label"].reshape(-1)[0]),
+            "score": float(out["score"].reshape(-1)[0]), "caption": _text(out["caption"].reshape(-1)[0])}
