@@ -81,6 +81,19 @@ class Settings:
     onnx_export_timeout_s: float = 900.0
     onnx_export_tolerance: float = 1e-4
     onnx_cache_dir: Path | None = None
+    # API keys and quotas (docs/security.md): without a keys file the gateway is open, on loopback only
+    api_keys_file: Path | None = None
+    quota_requests_per_second: int = 500  # per key, unless its line in the keys file says rps=N (0: none)
+    quota_concurrency: int = 64  # requests in flight per key (concurrency=N)
+    quota_tokens_per_minute: int = 200_000  # completion token budget per key (tpm=N)
+    quota_storage: str = "memory://"  # a `limits` storage URI; redis://host:6379 shares counts between replicas
+    # connection and body bounds (uvicorn/httptools; docs/security.md)
+    max_body_bytes: int = 128 * 1024 * 1024  # ceiling over every route's own cap
+    body_timeout_s: float = 60.0  # the whole request body must arrive within this
+    header_timeout_s: float = 10.0  # a request's headers must arrive within this
+    max_header_bytes: int = 16 * 1024  # request line and headers together
+    keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
+    max_connections: int = 1024  # open connections (and requests in progress); above: 503
     extra: dict = field(default_factory=dict)
 
     @property
@@ -130,4 +143,15 @@ class Settings:
             onnx_export_timeout_s=float(get("ONNX_EXPORT_TIMEOUT_S", d.onnx_export_timeout_s)),
             onnx_export_tolerance=float(get("ONNX_EXPORT_TOLERANCE", d.onnx_export_tolerance)),
             onnx_cache_dir=Path(get("ONNX_CACHE_DIR")).expanduser().resolve() if get("ONNX_CACHE_DIR") else None,
+            api_keys_file=Path(get("GATEWAY_API_KEYS_FILE")).expanduser().resolve() if get("GATEWAY_API_KEYS_FILE") else None,
+            quota_requests_per_second=int(get("QUOTA_REQUESTS_PER_SECOND", d.quota_requests_per_second)),
+            quota_concurrency=int(get("QUOTA_CONCURRENCY", d.quota_concurrency)),
+            quota_tokens_per_minute=int(get("QUOTA_TOKENS_PER_MINUTE", d.quota_tokens_per_minute)),
+            quota_storage=get("QUOTA_STORAGE", d.quota_storage),
+            max_body_bytes=int(get("MAX_BODY_BYTES", d.max_body_bytes)),
+            body_timeout_s=float(get("BODY_TIMEOUT_S", d.body_timeout_s)),
+            header_timeout_s=float(get("HEADER_TIMEOUT_S", d.header_timeout_s)),
+            max_header_bytes=int(get("MAX_HEADER_BYTES", d.max_header_bytes)),
+            keep_alive_s=float(get("KEEP_ALIVE_S", d.keep_alive_s)),
+            max_connections=int(get("MAX_CONNECTIONS", d.max_connections)),
         )
