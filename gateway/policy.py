@@ -13,8 +13,9 @@ from gateway.settings import Settings
 
 KIB, MIB = 1024, 1024 * 1024
 SMALL = 64 * KIB  # bodies of the admin and listing routes: a model name, a few ids
-# JSON text of a string is at most 3x its UTF-8 bytes for ordinary text ("é" -> "\u00e9", 2 -> 6 bytes)
-JSON_TEXT = 3
+# a text's bytes in the body: the sizing (256 inputs x 64 KiB for embeddings). A body of texts all
+# at MAX_TEXT_BYTES *and* \u-escaped by the client is over it: send UTF-8 (ensure_ascii=False) or fewer.
+JSON_TEXT = 1
 BASE64 = 4 / 3
 TRITON = (503, 504)  # Triton down / loading / over capacity, and a request past REQUEST_TIMEOUT_S
 OPEN, INFERENCE, ADMIN = None, "inference", "admin"
