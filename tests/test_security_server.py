@@ -311,3 +311,18 @@ def test_triton_inference_listens_on_loopback_only(triton):
     socket.create_connection(("127.0.0.1", port), timeout=5).close()
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.2", port), timeout=5).close()
+
+
+def test_clients_send_the_key(secured, monkeypatch):
+    from embed import embed_gateway
+    from gateway_key import auth_headers
+
+    text, _ = embed_gateway(secured.url, MINILM, ["hello"], [], api_key=KEYS["inference"])
+    assert text.shape == (1, 384)
+    monkeypatch.setenv("GATEWAY_API_KEY", KEYS["inference"])
+    assert auth_headers() == bearer("inference")
+    text, _ = embed_gateway(secured.url, MINILM, ["hello"], [])  # from GATEWAY_API_KEY
+    assert text.shape == (1, 384)
+    monkeypatch.delenv("GATEWAY_API_KEY")
+    with pytest.raises(Exception, match="401|API key"):
+        embed_gateway(secured.url, MINILM, ["hello"], [])
