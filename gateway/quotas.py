@@ -4,7 +4,8 @@ middleware), tokens per minute for completions (one dependency on the completion
 Rates are counted by the `limits` library (moving windows) in the storage QUOTA_STORAGE names
 (`memory://` by default: per gateway process; `redis://host:port` shares them between replicas).
 Concurrency is counted in this process. Over quota: 429 with Retry-After and OpenAI's
-x-ratelimit-{limit,remaining,reset}-{requests,tokens} headers. Requests without a key (open routes,
+x-ratelimit-{limit,remaining,reset}-{requests,tokens} headers (on the 429 only: reading the window for
+every answer would double the limiter's cost per request). Requests without a key (open routes,
 or a gateway without keys on loopback) are not counted."""
 from __future__ import annotations
 
@@ -57,20 +58,20 @@ class QuotaBook:
         return found
 
     async def hit(self, key: ApiKey, per: str, amount: int, kind: str, cost: int = 1) -> tuple[bool, dict[str, str]]:
+        """(allowed, headers). The window's state (one more storage call) is read for a refusal only: the
+        headers go on 429s, which keeps an allowed request at one call to the limiter."""
         item = self.item(per, amount)
         namespace = f"{kind}:{key.key_id}"
-        allowed = await self.limiter.hit(item, namespace, cost=cost)
+        if await self.limiter.hit(item, namespace, cost=cost):
+            return True, {}
         stats = await self.limiter.get_window_stats(item, namespace)
         wait = max(0.0, stats.reset_time - time.time())
-        headers = {f"x-ratelimit-limit-{kind}": str(amount), f"x-ratelimit-remaining-{kind}": str(stats.remaining),
-                   f"x-ratelimit-reset-{kind}": reset_text(wait)}
-        if not allowed:
-            headers["Retry-After"] = str(max(1, math.ceil(wait)))
-        return allowed, headers
+        return False, {f"x-ratelimit-limit-{kind}": str(amount), f"x-ratelimit-remaining-{kind}": str(stats.remaining),
+                       f"x-ratelimit-reset-{kind}": reset_text(wait), "Retry-After": str(max(1, math.ceil(wait)))}
 
 
 class Quotas:
-    """Requests per second and concurrency per key; adds the x-ratelimit-*-requests headers to answers."""
+    """Requests per second and concurrency per key."""
 
     def __init__(self, app, book: QuotaBook):
         self.app, self.book = app, book
@@ -79,7 +80,7 @@ class Quotas:
         key: ApiKey | None = scope.get(KEY_SCOPE) if scope["type"] == "http" else None
         if key is None:
             return await self.app(scope, receive, send)
-        book, headers = self.book, {}
+        book = self.book
         rps = book.limit(key, "requests_per_second")
         if rps:
             allowed, headers = await book.hit(key, "second", rps, "requests")
@@ -93,18 +94,11 @@ class Quotas:
         if concurrency and active >= concurrency:
             log.info("429 key %s: %d requests in flight", key.key_id, active)
             return await errors.send(send, errors.TooManyRequests(
-                f"key '{key.key_id}' has {active} requests in flight, its limit", {**headers, "Retry-After": "1"},
+                f"key '{key.key_id}' has {active} requests in flight, its limit", {"Retry-After": "1"},
                 code="concurrency_limit_exceeded"))
-        raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-
-        async def send_with_headers(message):
-            if message["type"] == "http.response.start" and raw:
-                message["headers"] = [*message.get("headers", ()), *raw]
-            await send(message)
-
         book.active[key.key_id] = active + 1
         try:
-            await self.app(scope, receive, send_with_headers)
+            await self.app(scope, receive, send)
         finally:
             book.active[key.key_id] -= 1
 

@@ -250,8 +250,6 @@ def test_a_key_over_10_per_second_gets_429_and_another_key_does_not(http):
     assert refused.headers["x-ratelimit-reset-requests"].endswith("s")
     assert 1 <= int(refused.headers["retry-after"]) <= 1
     assert refused.json()["error"]["type"] == "rate_limit_error"
-    ok = limited[0]
-    assert ok.headers["x-ratelimit-limit-requests"] == "10" and int(ok.headers["x-ratelimit-remaining-requests"]) >= 0
     time.sleep(1.1)
     assert http.get("/v1/models", headers=bearer("limited")).status_code == 200  # the window moved on
 
