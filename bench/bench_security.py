@@ -117,6 +117,13 @@ def main() -> int:
                             print(f"  round {_round + 1} c{concurrency} {name:5}: {result.throughput:7.1f} req/s, "
                                   f"p50 {result.percentile(50) * 1000:6.2f} ms, errors {result.errors}"
                                   + (f" ({result.first_error})" if result.errors else ""), flush=True)
+                for name, gateway in gateways.items():  # errors: show why, before the logs go with tmp
+                    if any(r.errors for r in results[(name, 1)] + results[(name, 32)]):
+                        lines = gateway.log_file.read_text(errors="replace").splitlines()
+                        start = next((i for i, line in enumerate(lines) if "internal error" in line), max(0, len(lines) - 30))
+                        print(f"--- {name} gateway log from its first internal error:\n" + "\n".join(lines[start:start + 40]))
+                        tail = (tmp / "tritonserver.log").read_text(errors="replace").splitlines()[-15:]
+                        print("--- tritonserver log tail:\n" + "\n".join(tail))
             finally:
                 for gateway in gateways.values():
                     gateway.stop()
