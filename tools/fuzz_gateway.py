@@ -34,7 +34,7 @@ def fuzz(url: str, key: str | None, max_examples: int, report_dir: Path, seed: i
                "--suppress-health-check", "all", "--generation-database", "none"]
     if key:
         command += ["-H", f"Authorization: Bearer {key}"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=3600,
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600, cwd=report_dir,  # its cache too
                           env={"PATH": "/usr/bin:/bin", "HOME": str(report_dir), "NO_COLOR": "1"})
     counts = count(ndjson)
     return {**counts, "exit": done.returncode, "output": done.stdout[-20000:] + done.stderr[-4000:]}
