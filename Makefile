@@ -8,7 +8,7 @@ METRICS_PORT ?= 8002
 TRITON_IMAGE ?= triton-pipelines:latest
 export MODEL_PROFILE HOST HTTP_PORT GRPC_PORT METRICS_PORT
 
-.PHONY: setup model triton test unit bench soak sweep triton-docker clean deploy-check docs
+.PHONY: setup model triton test unit bench soak sweep triton-docker clean deploy-check docs fuzz
 
 setup:
 	@bash tools/setup.sh
@@ -39,11 +39,23 @@ bench: setup model
 	@$(PY) bench/suite.py $(BENCH_ARGS)
 
 # Published ports bind loopback unless told otherwise (DOCKER_BIND=0.0.0.0: then set TRITON_ADMIN_KEY, docs/operations.md "Exposure").
+# The gateway (8080) and Triton's metrics are published; Triton's HTTP/gRPC stay inside the container
+# (docs/security.md). GATEWAY_API_KEYS_FILE=<keys file> is mounted as a secret; without it the
+# container generates an admin key into /data/run/gateway_admin_key (docker exec ... cat it).
 DOCKER_BIND ?= 127.0.0.1
+GATEWAY_PORT ?= 8080
+DOCKER_KEYS := $(if $(GATEWAY_API_KEYS_FILE),-v $(abspath $(GATEWAY_API_KEYS_FILE)):/run/secrets/gateway_api_keys:ro -e GATEWAY_API_KEYS_FILE=/run/secrets/gateway_api_keys)
 triton-docker: model
 	docker build -f Dockerfile.triton --build-arg BAKE_MODELS=0 -t $(TRITON_IMAGE) .
-	docker run --rm --gpus all -p $(DOCKER_BIND):$(HTTP_PORT):8000 -p $(DOCKER_BIND):$(GRPC_PORT):8001 -p $(DOCKER_BIND):$(METRICS_PORT):8002 \
+	docker run --rm --gpus all -p $(DOCKER_BIND):$(GATEWAY_PORT):8080 -p $(DOCKER_BIND):$(METRICS_PORT):8002 $(DOCKER_KEYS) \
 		--shm-size=1g -e TRITON_ADMIN_KEY -v $(CURDIR)/model_repository:/opt/triton-pipelines/model_repository $(TRITON_IMAGE)
+
+# schemathesis against a live gateway, with an admin key and with none, FUZZ_EXAMPLES per operation;
+# prints the counts (tests/test_security_fuzz.py runs a bounded version in `make test`)
+FUZZ_EXAMPLES ?= 200
+fuzz: setup model
+	@bash tools/fuzz_venv.sh
+	@$(PY) tools/fuzz_gateway.py --max-examples $(FUZZ_EXAMPLES)
 
 # deploy/ offline: Kustomize renders vs the Kubernetes schemas, yamllint, compose schema, Dockerfiles
 # (static), and every PromQL expression on a real Prometheus + tritonserver under load.

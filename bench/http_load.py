@@ -4,6 +4,7 @@ counts. Used for the gateway and for the FastAPI peer, so both are measured the 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Callable
 
@@ -15,7 +16,7 @@ BodyFactory = Callable[[], dict]  # a fresh JSON body for one request
 
 
 async def _closed_loop(url: str, make_body: BodyFactory, concurrency: int, warmup: float,
-                       window: float) -> tuple[list[float], int, str]:
+                       window: float, headers: dict[str, str]) -> tuple[list[float], int, str]:
     latencies: list[float] = []
     errors = 0
     first_error = ""
@@ -24,7 +25,8 @@ async def _closed_loop(url: str, make_body: BodyFactory, concurrency: int, warmu
     # aiohttp, not httpx: httpx's connection pool was the bottleneck at 256 connections here (50 req/s
     # where aiohttp drove the same gateway at 144 with the client's CPU to spare)
     connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as client:
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300),
+                                     headers=headers) as client:
         async def worker():
             nonlocal errors, first_error
             while True:
@@ -51,6 +53,8 @@ async def _closed_loop(url: str, make_body: BodyFactory, concurrency: int, warmu
 
 
 def run_http_load(url: str, make_body: BodyFactory, concurrency: int, window: float = 10.0, warmup: float = 2.0,
-                  label: str = "http", rows_per_request: int = 1) -> LoadResult:
-    latencies, errors, first_error = asyncio.run(_closed_loop(url, make_body, concurrency, warmup, window))
+                  label: str = "http", rows_per_request: int = 1, api_key: str | None = None) -> LoadResult:
+    """`api_key` (else $GATEWAY_API_KEY) goes as `Authorization: Bearer`."""
+    headers = {"Authorization": f"Bearer {key}"} if (key := api_key or os.environ.get("GATEWAY_API_KEY")) else {}
+    latencies, errors, first_error = asyncio.run(_closed_loop(url, make_body, concurrency, warmup, window, headers))
     return LoadResult(label, concurrency, window, latencies, errors, rows_per_request, first_error, {})

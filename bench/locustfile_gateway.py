@@ -6,7 +6,7 @@
         --headless -u 256 -r 32 -t 60s
     # images too: GATEWAY_CLIP_MODEL=demo_models/clip-demo (make triton preloads it)
 
-GATEWAY_MODEL picks the text model (default: the shipped all-MiniLM-L6-v2).
+GATEWAY_API_KEY or --api-key: the key to send (`Authorization: Bearer`). GATEWAY_MODEL picks the text model (default: the shipped all-MiniLM-L6-v2).
 """
 from __future__ import annotations
 
@@ -15,12 +15,23 @@ import io
 import os
 import random
 
-from locust import HttpUser, between, task
+from locust import HttpUser, between, events, task
 
 MODEL = os.environ.get("GATEWAY_MODEL", "sentence-transformers/all-MiniLM-L6-v2")
 CLIP_MODEL = os.environ.get("GATEWAY_CLIP_MODEL", "")
 WORDS = ("the a model server request batch token sentence embedding vector latency throughput queue worker "
          "python triton tensor inference pipeline encoder network memory cache quickly returns computes").split()
+
+
+@events.init_command_line_parser.add_listener
+def _api_key_option(parser):
+    parser.add_argument("--api-key", default=os.environ.get("GATEWAY_API_KEY", ""),
+                        help="the gateway's API key (default: $GATEWAY_API_KEY)")
+
+
+def api_key(environment) -> str:
+    options = getattr(environment, "parsed_options", None)
+    return getattr(options, "api_key", "") or os.environ.get("GATEWAY_API_KEY", "")
 
 
 def sentence(rng: random.Random) -> str:
@@ -41,6 +52,8 @@ class GatewayUser(HttpUser):
 
     def on_start(self):
         self.rng = random.Random()
+        if api_key(self.environment):
+            self.client.headers["Authorization"] = f"Bearer {api_key(self.environment)}"
         if CLIP_MODEL:
             self.client.post("/load_clip_model", json={"model_name": CLIP_MODEL}, name="/load_clip_model")
 

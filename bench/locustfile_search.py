@@ -6,7 +6,8 @@
         --headless -u 16 -r 4 -t 60s
 
 SEARCH_COLLECTION (default locust-search), SEARCH_STORE (faiss | qdrant), SEARCH_MODEL (default the
-demo CLIP, loaded by the first user).
+demo CLIP, loaded by the first user). GATEWAY_API_KEY or --api-key: an admin key (it loads a model and
+writes points).
 """
 from __future__ import annotations
 
@@ -28,11 +29,23 @@ IMAGES = [base64.b64encode(encode(demo_image(i))).decode() for i in range(400)]
 WORDS = "red green blue striped checked dotted circle gradient plain pattern bright dark".split()
 
 
+@events.init_command_line_parser.add_listener
+def _api_key_option(parser):
+    parser.add_argument("--api-key", default=os.environ.get("GATEWAY_API_KEY", ""),
+                        help="the gateway's API key, an admin one here (default: $GATEWAY_API_KEY)")
+
+
+def api_key_headers(environment) -> dict[str, str]:
+    options = getattr(environment, "parsed_options", None)
+    key = getattr(options, "api_key", "") or os.environ.get("GATEWAY_API_KEY", "")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 @events.test_start.add_listener
 def create_collection(environment, **_):
     import httpx
 
-    with httpx.Client(base_url=environment.host, timeout=600) as http:
+    with httpx.Client(base_url=environment.host, timeout=600, headers=api_key_headers(environment)) as http:
         http.post("/load_clip_model", json={"model_name": MODEL}).raise_for_status()
         http.put(f"/collections/{COLLECTION}", json={"model": MODEL, "store": STORE}).raise_for_status()
 
@@ -42,6 +55,7 @@ class SearchUser(HttpUser):
 
     def on_start(self):
         self.rng = random.Random()
+        self.client.headers.update(api_key_headers(self.environment))
         self.dimension = self.client.get(f"/collections/{COLLECTION}", name="/collections/[name]").json()["dimension"]
 
     @task(2)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gateway_key import add_api_key_argument, auth_headers
+
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
 
@@ -49,12 +51,12 @@ def _post(http, path: str, body: dict) -> dict:
     return response.json()
 
 
-def embed_gateway(url: str, model: str, texts: list[str], images: list[Path], load: bool = False
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def embed_gateway(url: str, model: str, texts: list[str], images: list[Path], load: bool = False,
+                  api_key: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(text vectors, image vectors), L2-normalized, from the gateway at `url`."""
     import httpx
 
-    with httpx.Client(base_url=url.rstrip("/"), timeout=300) as http:
+    with httpx.Client(base_url=url.rstrip("/"), timeout=300, headers=auth_headers(api_key)) as http:
         if load:
             _post(http, "/load_clip_model" if images else "/load_sentence_transformer_model", {"model_name": model})
         if not images:
@@ -76,6 +78,7 @@ def main() -> int:
     parser.add_argument("--model", default=DEFAULT_MODEL, help="model name for --gateway")
     parser.add_argument("--image", type=Path, nargs="*", default=[], help="image files (with --gateway, CLIP)")
     parser.add_argument("--load", action="store_true", help="load --model before embedding (with --gateway)")
+    add_api_key_argument(parser)
     args = parser.parse_args()
     if not args.texts and not args.image:
         parser.error("give at least one text or --image")
@@ -84,7 +87,7 @@ def main() -> int:
     labels = [repr(t[:60]) for t in args.texts] + [f"image {p.name}" for p in args.image]
     try:
         if args.gateway:
-            text, image = embed_gateway(args.gateway, args.model, args.texts, args.image, args.load)
+            text, image = embed_gateway(args.gateway, args.model, args.texts, args.image, args.load, args.api_key)
             vectors = np.concatenate([text, image]) if len(image) else text
         else:
             from tritonclient.utils import InferenceServerException

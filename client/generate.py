@@ -15,6 +15,8 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from gateway_key import add_api_key_argument
+
 
 def request_inputs(prompt: str, max_tokens: int, temperature: float | None = None, top_k: int | None = None,
                    top_p: float | None = None, seed: int | None = None,
@@ -64,7 +66,7 @@ def complete_openai(args) -> int:
     """The same completion through the gateway's OpenAI-compatible API, with the official SDK."""
     import openai
 
-    client = openai.OpenAI(base_url=args.openai, api_key="unused")
+    client = openai.OpenAI(base_url=args.openai, api_key=args.api_key or "unused")  # unused: an open gateway
     params = dict(model="codegen", prompt=args.prompt, max_tokens=args.max_tokens, stop=args.stop, seed=args.seed,
                   temperature=0 if args.temperature is None else args.temperature, top_p=args.top_p)
     try:
@@ -94,6 +96,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int)
     parser.add_argument("--stop", action="append", help="stop word (repeatable); the output ends before it")
     parser.add_argument("--url", default="localhost:8001", help="Triton gRPC address")
+    add_api_key_argument(parser)
     parser.add_argument("--openai", metavar="URL", help="call the gateway's /v1/completions with the openai SDK "
                                                         "instead, e.g. http://localhost:8080/v1 (no --top-k there)")
     args = parser.parse_args()

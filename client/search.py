@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gateway_key import add_api_key_argument, auth_headers
+
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp"}
 PATTERNS = ("plain", "hstripes", "vstripes", "checker", "circle", "diagonal", "dots", "gradient")
 
@@ -134,6 +136,7 @@ def cmd_demo(args) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gateway", default="http://localhost:8080")
+    add_api_key_argument(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     index = sub.add_parser("index", help="index a folder of images")
     index.add_argument("dir")
@@ -156,7 +159,7 @@ def main() -> int:
         return 0
     import httpx
 
-    with httpx.Client(base_url=args.gateway, timeout=600) as http:
+    with httpx.Client(base_url=args.gateway, timeout=600, headers=auth_headers(args.api_key)) as http:
         try:
             (cmd_index if args.command == "index" else cmd_query)(http, args)
         except (GatewayError, httpx.HTTPError, OSError) as exc:

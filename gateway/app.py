@@ -5,9 +5,15 @@ from __future__ import annotations
 import logging
 from contextlib import AsyncExitStack, asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from gateway import docs_pages, errors, prometheus, ui
+from gateway.audit import Audit, AuditLog
+from gateway.auth import Authenticate, check_exposure
+from gateway.body_limits import CapBodies
+from gateway.openapi import honest_openapi
+from gateway.policy import RouteTable
+from gateway.quotas import QuotaBook, Quotas, charge_tokens
 from gateway.registry import ModelRegistry
 from gateway.routers import collections, completions, embeddings, health, models, pipelines, seed
 from gateway.search.collections import Collections
@@ -17,9 +23,11 @@ from gateway.triton_engine import TritonEngine
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings.from_env()
+    ring = check_exposure(settings)  # the keys, or None: open on loopback (an open non-loopback HOST is refused)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        routes.check_complete()
         async with AsyncExitStack() as stack:
             app.state.engine = TritonEngine(settings.triton_grpc_url, settings.request_timeout_s)
             stack.push_async_callback(app.state.engine.close)
@@ -39,15 +47,24 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     docs_pages.install(app)  # /docs and /redoc with their assets from a package, not a CDN
     errors.install(app)
+    # cross-cutting bounds, one ASGI middleware each, all reading gateway/policy.py; outermost first:
+    # metrics, audit, auth, per-key quotas, body caps (add_middleware puts the last added outermost)
+    routes = RouteTable(app)
+    app.state.quotas = QuotaBook(settings)
+    app.add_middleware(CapBodies, routes=routes, settings=settings)
+    app.add_middleware(Quotas, book=app.state.quotas)
+    app.add_middleware(Authenticate, routes=routes, ring=ring)
+    app.add_middleware(Audit, routes=routes, audit_log=AuditLog(settings.data_dir / "audit.log"))
     app.state.metrics = prometheus.install(app)
     app.state.extra_model_ids = []  # other model families (completions) list their ids here
     for router in (health.router, models.router, embeddings.router, seed.router):
         app.include_router(router)
-    app.include_router(completions.router)
+    app.include_router(completions.router, dependencies=[Depends(charge_tokens)])  # tokens per minute per key
     app.include_router(collections.router)
     app.include_router(pipelines.router)
     ui.install(app)  # /ui: static page over the public API
     app.state.extra_model_ids.append(settings.completions_model)  # served by codegen_stream
+    app.openapi = honest_openapi(app, settings)
     return app
 
 

@@ -33,6 +33,19 @@ class BadRequest(ApiError):
     status, type = 400, "invalid_request_error"
 
 
+class Unauthorized(ApiError):
+    """No API key, or one that is not configured (the `openai` SDK raises AuthenticationError)."""
+    status, type = 401, "invalid_request_error"
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": "Bearer"}
+
+
+class Forbidden(ApiError):
+    """A known key without the route's scope (the `openai` SDK raises PermissionDeniedError)."""
+    status, type = 403, "permission_error"
+
+
 class NotFound(ApiError):
     status, type = 404, "not_found_error"
 
@@ -43,6 +56,23 @@ class Conflict(ApiError):
 
 class PayloadTooLarge(ApiError):
     status, type = 413, "payload_too_large_error"
+
+
+class TooManyRequests(ApiError):
+    """Over the key's quota: OpenAI's x-ratelimit-* headers and Retry-After say how long to wait."""
+    status, type = 429, "rate_limit_error"
+
+    def __init__(self, message: str, headers: dict[str, str], **kw):
+        super().__init__(message, **kw)
+        self._headers = headers
+
+    def headers(self) -> dict[str, str]:
+        return self._headers
+
+
+class RequestTimeout(ApiError):
+    """The request body did not arrive within BODY_TIMEOUT_S."""
+    status, type = 408, "timeout_error"
 
 
 class Unprocessable(ApiError):
@@ -127,6 +157,12 @@ def internal(exc: BaseException, where: str = "") -> Internal:
     error_id = uuid.uuid4().hex[:12]
     log.error("internal error %s%s", error_id, f" in {where}" if where else "", exc_info=exc)
     return Internal(f"internal error (id {error_id}, see the gateway log)", code=error_id)
+
+
+async def send(send, error: ApiError, extra_headers: dict[str, str] | None = None) -> None:
+    """Answer `error` from a plain ASGI middleware (before any route runs), in the same shape."""
+    await JSONResponse(error.body(), status_code=error.status,
+                       headers={**error.headers(), **(extra_headers or {})})({"type": "http"}, None, send)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:

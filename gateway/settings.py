@@ -93,6 +93,19 @@ class Settings:
     hub_cache_dir: Path | None = None  # default DATA_DIR/hub_cache
     hf_endpoint: str | None = None
     hf_token: str | None = field(default=None, repr=False)
+    # API keys and quotas (docs/security.md): without a keys file the gateway is open, on loopback only
+    api_keys_file: Path | None = None
+    quota_requests_per_second: int = 500  # per key, unless its line in the keys file says rps=N (0: none)
+    quota_concurrency: int = 64  # requests in flight per key (concurrency=N)
+    quota_tokens_per_minute: int = 200_000  # completion token budget per key (tpm=N)
+    quota_storage: str = "memory://"  # a `limits` storage URI; redis://host:6379 shares counts between replicas
+    # connection and body bounds (uvicorn/httptools; docs/security.md)
+    max_body_bytes: int = 128 * 1024 * 1024  # ceiling over every route's own cap
+    body_timeout_s: float = 60.0  # the whole request body must arrive within this
+    header_timeout_s: float = 10.0  # a request's headers must arrive within this
+    max_header_bytes: int = 16 * 1024  # request line and headers together
+    keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
+    max_connections: int = 1024  # open connections (and requests in progress); above: 503
     extra: dict = field(default_factory=dict)
 
     @property
@@ -120,7 +133,7 @@ class Settings:
         get = env.get
         state = get("SUPERVISOR_STATE_FILE")
         host = get("HOST", d.host)
-        # GATEWAY_API_KEYS_FILE: the gateway's API keys (issue #25): with keys, loading needs an admin key
+        # with GATEWAY_API_KEYS_FILE set, loading needs an admin key (gateway.auth.admin_key_required, the same test)
         hub_default = hub.default_downloads(host, keys_configured=bool(get("GATEWAY_API_KEYS_FILE", "").strip()))
         hub_downloads, hub_allowlist = hub.parse_downloads(get("HUB_DOWNLOADS"), hub_default)
         return cls(
@@ -162,4 +175,15 @@ class Settings:
             hub_cache_dir=Path(get("HUB_CACHE_DIR")).expanduser().resolve() if get("HUB_CACHE_DIR") else None,
             hf_endpoint=get("HF_ENDPOINT") or None,
             hf_token=get("HF_TOKEN") or None,
+            api_keys_file=Path(get("GATEWAY_API_KEYS_FILE")).expanduser().resolve() if get("GATEWAY_API_KEYS_FILE") else None,
+            quota_requests_per_second=int(get("QUOTA_REQUESTS_PER_SECOND", d.quota_requests_per_second)),
+            quota_concurrency=int(get("QUOTA_CONCURRENCY", d.quota_concurrency)),
+            quota_tokens_per_minute=int(get("QUOTA_TOKENS_PER_MINUTE", d.quota_tokens_per_minute)),
+            quota_storage=get("QUOTA_STORAGE", d.quota_storage),
+            max_body_bytes=int(get("MAX_BODY_BYTES", d.max_body_bytes)),
+            body_timeout_s=float(get("BODY_TIMEOUT_S", d.body_timeout_s)),
+            header_timeout_s=float(get("HEADER_TIMEOUT_S", d.header_timeout_s)),
+            max_header_bytes=int(get("MAX_HEADER_BYTES", d.max_header_bytes)),
+            keep_alive_s=float(get("KEEP_ALIVE_S", d.keep_alive_s)),
+            max_connections=int(get("MAX_CONNECTIONS", d.max_connections)),
         )

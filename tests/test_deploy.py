@@ -36,20 +36,29 @@ def test_kustomization_renders_valid_manifests(name):
 
 def test_validator_rejects_a_broken_manifest():
     deployment = copy.deepcopy(dc.by_kind(rendered("base"), "Deployment"))
-    deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["prot"] = 8000
+    deployment["spec"]["template"]["spec"]["containers"][1]["readinessProbe"]["httpGet"]["prot"] = 8080
     deployment["spec"]["replicas"] = "two"
     errors = dc.validate_manifests([deployment])
     assert len(errors) == 1 and "Deployment/triton-pipelines" in errors[0]
+
+
+def env_of(container: dict) -> dict:
+    return {e["name"]: e for e in container["env"]}
 
 
 def test_probes_ports_and_shared_memory():
     pod = dc.by_kind(rendered("base"), "Deployment")["spec"]["template"]["spec"]
     containers = {c["name"]: c for c in pod["containers"]}
     triton, gateway = containers["triton"], containers["gateway"]
-    assert triton["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
-    assert triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    # Triton's HTTP/gRPC listen on the pod's loopback (docs/security.md): exec probes, metrics port only
+    assert triton["readinessProbe"]["exec"]["command"][-1] == "http://127.0.0.1:8000/v2/health/ready"
+    assert triton["livenessProbe"]["exec"]["command"][-1] == "http://127.0.0.1:8000/v2/health/live"
     assert gateway["readinessProbe"]["httpGet"]["path"] == "/health"
-    assert {p["containerPort"] for p in triton["ports"]} == {8000, 8001, 8002}
+    assert {p["containerPort"] for p in triton["ports"]} == {8002}
+    assert "TRITON_HOST" not in {e["name"] for e in triton["env"]}
+    service = dc.by_kind(rendered("base"), "Service")
+    assert {p["port"] for p in service["spec"]["ports"]} == {8002, 8080}  # gateway-only exposure
+    assert env_of(gateway)["GATEWAY_API_KEYS_FILE"]["value"].startswith("/etc/gateway-keys/")
     assert all(c["resources"]["requests"]["cpu"] and c["resources"]["limits"]["memory"] for c in containers.values())
     shm = [v for v in pod["volumes"] if v["name"] == "dshm"][0]
     assert shm["emptyDir"]["medium"] == "Memory"
@@ -96,7 +105,7 @@ def test_overlays_differ_where_they_should():
     assert cpu_triton["image"].endswith("triton-pipelines-cpu:0.1.0")
     assert gpu_triton["image"].endswith("/triton-pipelines:0.1.0")
     # the strategic merge kept the base's probes and the gateway container
-    assert gpu_triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert gpu_triton["livenessProbe"]["exec"]["command"][-1].endswith("/v2/health/live")
     assert [c["name"] for c in gpu["containers"]] == ["triton", "gateway"]
 
 
@@ -114,6 +123,10 @@ def test_compose_matches_the_specification():
     assert set(services) >= {"triton", "prometheus", "grafana", "qdrant"}
     assert services["triton"]["shm_size"] and services["triton"]["environment"]["QDRANT_URL"] == "http://qdrant:6333"
     assert all(p.startswith("127.0.0.1:") for s in services.values() for p in s.get("ports", []))
+    # gateway-only exposure: Triton's HTTP/gRPC are not published; the gateway's keys come from a secret
+    assert not {p.split(":")[-1] for p in services["triton"]["ports"]} & {"8000", "8001"}
+    assert services["triton"]["environment"]["GATEWAY_API_KEYS_FILE"] == "/run/secrets/gateway_api_keys"
+    assert "gateway_api_keys" in compose["secrets"]
     for service in services.values():  # every bind-mounted file exists
         for volume in service.get("volumes", []):
             source = volume.split(":")[0]

@@ -87,8 +87,9 @@ class TritonServer:
     def __init__(self, host="127.0.0.1", http_port=8000, grpc_port=8001, metrics_port=8002,
                  model_repository=MODEL_REPOSITORY, explicit_models: list[str] | None = None,
                  log_file: Path | None = None, extra_args: list[str] | None = None,
-                 extra_repositories: list[Path] | None = None):
+                 extra_repositories: list[Path] | None = None, metrics_host: str | None = None):
         self.host, self.http_port, self.grpc_port, self.metrics_port = host, http_port, grpc_port, metrics_port
+        self.metrics_host = metrics_host or host  # metrics are read-only: scrapers may reach them off loopback
         self.model_repository = Path(model_repository)
         # e.g. the gateway's generated models (DATA_DIR/triton_models): Triton serves both folders
         self.extra_repositories = [Path(p) for p in extra_repositories or []]
@@ -113,7 +114,8 @@ class TritonServer:
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{self.client_host}:{self.metrics_port}/metrics"
+        host = "127.0.0.1" if self.metrics_host in ("0.0.0.0", "") else self.metrics_host
+        return f"http://{host}:{self.metrics_port}/metrics"
 
     def command(self) -> list[str]:
         cmd = [
@@ -123,7 +125,7 @@ class TritonServer:
             f"--backend-directory={BACKENDS}",
             f"--http-address={self.host}", f"--http-port={self.http_port}",
             f"--grpc-address={self.host}", f"--grpc-port={self.grpc_port}",
-            f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}",
+            f"--metrics-address={self.metrics_host}", f"--metrics-port={self.metrics_port}",
             "--log-verbose=0",
             # Every config here is complete and no model.py defines auto_complete_config, yet with
             # auto-complete on, each Python-model load first runs a throwaway stub that imports model.py:
@@ -236,7 +238,8 @@ def main() -> int:
     from tools.gateway_process import GatewayProcess
 
     data_dir = args.data_dir.resolve()
-    from supervisor.exposure import admin_key, restricted_api_args, restriction_required
+    from supervisor.exposure import admin_key, gateway_keys, is_loopback, restricted_api_args, restriction_required, \
+        triton_host
     from supervisor.canaries import default_canaries
     from supervisor.monitor import Supervisor, admin_headers
     import logging
@@ -246,7 +249,24 @@ def main() -> int:
     state_file = data_dir / "run" / "supervisor.json"  # the supervisor writes it, the gateway's /health reads it
     os.environ["SUPERVISOR_STATE_FILE"] = str(state_file)
     key = None
-    if restriction_required(args.host):
+    # Triton's inference ports stay on loopback (only the gateway, with its keys, faces HOST) unless
+    # TRITON_HOST opts in to direct access; its metrics follow HOST for scrapers (docs/security.md)
+    bind = triton_host()
+    if not args.no_gateway:
+        keys_file, key_file, generated_now = gateway_keys(args.host, data_dir)
+        if keys_file is not None:
+            os.environ["GATEWAY_API_KEYS_FILE"] = str(keys_file)  # the gateway inherits it
+        if key_file is not None:
+            print(f"gateway: HOST={args.host} is not loopback: every route but /health and /metrics/prometheus needs "
+                  f"an API key; {'generated' if generated_now else 'using the'} admin key in {key_file} (mode 600, "
+                  f"send it as 'Authorization: Bearer <key>')", flush=True)
+        elif keys_file is None:
+            print(f"gateway: HOST={args.host} is loopback and GATEWAY_API_KEYS_FILE is unset: the gateway is open "
+                  "to local callers", flush=True)
+    if not is_loopback(bind):
+        print(f"triton: TRITON_HOST={bind}: Triton's HTTP and gRPC inference are reachable directly, without the "
+              "gateway's keys and quotas", flush=True)
+    if restriction_required(args.host) or not is_loopback(bind):
         key, generated = admin_key(data_dir / "run" / "triton_admin_key")
         os.environ["TRITON_ADMIN_KEY"] = key  # the gateway inherits it
         args.extra = restricted_api_args(key) + args.extra
@@ -254,8 +274,9 @@ def main() -> int:
               f"'triton-admin-key' header" + (f" (generated key in {data_dir / 'run' / 'triton_admin_key'})"
                                                if generated else " (TRITON_ADMIN_KEY)"), flush=True)
     # Explicit model control: the shipped pipelines load at start; only the gateway loads and unloads others.
-    server = TritonServer(args.host, args.http_port, args.grpc_port, args.metrics_port, extra_args=args.extra,
-                          explicit_models=[m for m in args.load_models.split(",") if m] or shipped_models(), extra_repositories=[data_dir / "triton_models"])
+    server = TritonServer(bind, args.http_port, args.grpc_port, args.metrics_port, extra_args=args.extra,
+                          explicit_models=[m for m in args.load_models.split(",") if m] or shipped_models(), extra_repositories=[data_dir / "triton_models"],
+                          metrics_host=args.host)
     gateway_env = {}
     if "PRELOAD_MODELS" not in os.environ and (ROOT / "demo_models" / "clip-demo").is_dir():
         gateway_env["PRELOAD_MODELS"] = "clip:demo_models/clip-demo"  # the demo CLIP, next to all-MiniLM-L6-v2

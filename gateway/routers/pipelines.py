@@ -10,9 +10,10 @@ from pydantic import BaseModel, ConfigDict
 
 from gateway.embedding import check_texts
 from gateway.images import image_bytes
+from gateway.strict_json import StrictJSONRoute
 from gateway.triton_engine import string_rows
 
-router = APIRouter(tags=["pipelines"])
+router = APIRouter(tags=["pipelines"], route_class=StrictJSONRoute)
 
 NER_MODEL, CAPTION_MODEL = "ner", "food_captioning"
 

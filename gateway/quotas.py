@@ -1,0 +1,135 @@
+"""Per-key quotas (issue 25): requests per second and concurrent requests for every key (one ASGI
+middleware), tokens per minute for completions (one dependency on the completions router).
+
+Rates are counted by the `limits` library (moving windows) in the storage QUOTA_STORAGE names
+(`memory://` by default: per gateway process; `redis://host:port` shares them between replicas).
+Concurrency is counted in this process. Over quota: 429 with Retry-After and OpenAI's
+x-ratelimit-{limit,remaining,reset}-{requests,tokens} headers (on the 429 only: reading the window for
+every answer would double the limiter's cost per request). Requests without a key (open routes,
+or a gateway without keys on loopback) are not counted."""
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+from fastapi import Request
+from limits import RateLimitItemPerMinute, RateLimitItemPerSecond
+from limits.aio.strategies import MovingWindowRateLimiter
+from limits.storage import storage_from_string
+
+from gateway import errors
+from gateway.auth import KEY_SCOPE
+from gateway.keys import ApiKey
+from gateway.settings import Settings
+
+log = logging.getLogger("gateway.quotas")
+
+
+def reset_text(seconds: float) -> str:
+    """OpenAI's reset format: "1s", "250ms", "1m30s"."""
+    if seconds < 1:
+        return f"{max(1, round(seconds * 1000))}ms"
+    minutes, secs = divmod(math.ceil(seconds), 60)
+    return f"{minutes}m{secs}s" if minutes else f"{secs}s"
+
+
+def storage_uri(uri: str) -> str:
+    return uri if uri.startswith("async+") else "async+" + uri
+
+
+class QuotaBook:
+    """The limiter and the limits of each key (its own from the keys file, else the defaults)."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.limiter = MovingWindowRateLimiter(storage_from_string(storage_uri(settings.quota_storage)))
+        self.active: dict[str, int] = {}
+        self._items: dict[tuple[str, int], object] = {}
+
+    def limit(self, key: ApiKey, name: str) -> int:
+        return key.limits.get(name, getattr(self.settings, f"quota_{name}"))
+
+    def item(self, per: str, amount: int):
+        found = self._items.get((per, amount))
+        if found is None:
+            cls = RateLimitItemPerSecond if per == "second" else RateLimitItemPerMinute
+            found = self._items[(per, amount)] = cls(amount)
+        return found
+
+    async def hit(self, key: ApiKey, per: str, amount: int, kind: str, cost: int = 1) -> tuple[bool, dict[str, str]]:
+        """(allowed, headers). The window's state (one more storage call) is read for a refusal only: the
+        headers go on 429s, which keeps an allowed request at one call to the limiter."""
+        item = self.item(per, amount)
+        namespace = f"{kind}:{key.key_id}"
+        if await self.limiter.hit(item, namespace, cost=cost):
+            return True, {}
+        stats = await self.limiter.get_window_stats(item, namespace)
+        wait = max(0.0, stats.reset_time - time.time())
+        return False, {f"x-ratelimit-limit-{kind}": str(amount), f"x-ratelimit-remaining-{kind}": str(stats.remaining),
+                       f"x-ratelimit-reset-{kind}": reset_text(wait), "Retry-After": str(max(1, math.ceil(wait)))}
+
+
+class Quotas:
+    """Requests per second and concurrency per key."""
+
+    def __init__(self, app, book: QuotaBook):
+        self.app, self.book = app, book
+
+    async def __call__(self, scope, receive, send):
+        key: ApiKey | None = scope.get(KEY_SCOPE) if scope["type"] == "http" else None
+        if key is None:
+            return await self.app(scope, receive, send)
+        book = self.book
+        rps = book.limit(key, "requests_per_second")
+        if rps:
+            allowed, headers = await book.hit(key, "second", rps, "requests")
+            if not allowed:
+                log.info("429 key %s: over %d requests/s", key.key_id, rps)
+                return await errors.send(send, errors.TooManyRequests(
+                    f"key '{key.key_id}' is over its limit of {rps} requests per second", headers,
+                    code="rate_limit_exceeded"))
+        concurrency = book.limit(key, "concurrency")
+        active = book.active.get(key.key_id, 0)
+        if concurrency and active >= concurrency:
+            log.info("429 key %s: %d requests in flight", key.key_id, active)
+            return await errors.send(send, errors.TooManyRequests(
+                f"key '{key.key_id}' has {active} requests in flight, its limit", {"Retry-After": "1"},
+                code="concurrency_limit_exceeded"))
+        book.active[key.key_id] = active + 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            book.active[key.key_id] -= 1
+
+
+def completion_budget(body) -> int:
+    """Tokens a completion request may generate: max_tokens x n x prompts (as OpenAI counts a request
+    against its tokens-per-minute limit before it runs). Malformed fields count 1: validation refuses them."""
+    if not isinstance(body, dict):
+        return 1
+    def number(value, default):
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+    prompt = body.get("prompt")
+    prompts = len(prompt) if isinstance(prompt, list) and prompt else 1
+    return number(body.get("max_tokens"), 16 if "max_tokens" not in body else 1) * number(body.get("n"), 1) * prompts
+
+
+async def charge_tokens(request: Request) -> None:
+    """Dependency of POST /v1/completions: the request's token budget against the key's tokens/min."""
+    key: ApiKey | None = request.scope.get(KEY_SCOPE)
+    book: QuotaBook = request.app.state.quotas
+    tpm = book.limit(key, "tokens_per_minute") if key is not None else 0
+    if not tpm:
+        return
+    try:
+        body = await request.json()
+    except ValueError:
+        return  # the route answers 400
+    cost = completion_budget(body)
+    allowed, headers = await book.hit(key, "minute", tpm, "tokens", cost)
+    if not allowed:
+        log.info("429 key %s: %d tokens over %d tokens/min", key.key_id, cost, tpm)
+        raise errors.TooManyRequests(f"key '{key.key_id}' is over its limit of {tpm} tokens per minute "
+                                     f"(this request may use {cost}: max_tokens x n x prompts)", headers,
+                                     code="rate_limit_exceeded")

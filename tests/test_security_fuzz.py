@@ -1,0 +1,36 @@
+"""Fuzzing the live gateway with schemathesis (issue 25), every operation, with an admin key and with none:
+no 5xx, every response conforms to the documented statuses, content types and schemas, protected
+operations refuse a request without a key, and the gateway is healthy afterwards. A few examples per
+operation here (~20 s); `make fuzz` runs longer and prints the counts."""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from security_helpers import KEYS, keyed_gateway
+from tools.fuzz_gateway import ROOT, fuzz, healthy
+
+pytestmark = pytest.mark.integration
+EXAMPLES = 3  # per operation and phase; schemathesis' coverage phase adds its boundary cases on top
+
+
+@pytest.fixture(scope="module")
+def fuzzed_gateway(triton, tmp_path_factory):
+    subprocess.run(["bash", str(ROOT / "tools" / "fuzz_venv.sh")], check=True, timeout=900)
+    triton.load("text_embedding")
+    process = keyed_gateway(triton, tmp_path_factory.mktemp("fuzz"))
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.mark.parametrize("key", ["admin", None], ids=["admin-key", "no-key"])
+def test_schemathesis_finds_nothing(fuzzed_gateway, tmp_path, key):
+    run = fuzz(fuzzed_gateway.url, KEYS[key] if key else None, EXAMPLES, tmp_path)
+    print(f"\nfuzz ({key or 'no'} key): {run['operations']} operations, {run['examples']} examples, "
+          f"{len(run['failures'])} failures")
+    assert run["operations"] == 18 and run["examples"] > 18 * EXAMPLES, run["output"][-3000:]
+    assert run["failures"] == [] and run["exit"] == 0, run["output"][-6000:]
+    assert healthy(fuzzed_gateway.url)

@@ -1,0 +1,122 @@
+"""Issue 25 without a server: the keys file, the safe default, Triton's bind addresses, the route table,
+quotas' arithmetic and the OpenAPI document."""
+from __future__ import annotations
+
+import stat
+
+import pytest
+
+from gateway.auth import admin_key_required, check_exposure, presented_key
+from gateway.keys import KeyRing, hash_key, key_line, parse_keys
+from gateway.openapi import complete
+from gateway.policy import ROUTES, cap, texts_cap
+from gateway.quotas import completion_budget, reset_text
+from gateway.settings import Settings
+from supervisor.exposure import gateway_keys, triton_host
+from tools.triton_launcher import TritonServer
+
+
+def test_keys_file_lines_comments_scopes_and_limits():
+    text = ("# a comment\n\n" + key_line("k1", "reader", "inference") + key_line("k2", "ops", "admin", rps=10, tpm=500)
+            + f"{hash_key('k3')} both inference,admin  # trailing comment\n")
+    reader, ops, both = parse_keys(text)
+    assert reader.scopes == {"inference"} and ops.scopes == {"admin", "inference"} and both.allows("admin")
+    assert ops.limits == {"requests_per_second": 10, "tokens_per_minute": 500} and reader.limits == {}
+    ring = KeyRing([reader, ops, both])
+    assert ring.find("k2").key_id == "ops" and ring.find("k1").key_id == "reader"
+    assert ring.find("k4") is None and ring.find("") is None
+
+
+@pytest.mark.parametrize("line, message", [
+    ("plain-key-not-a-hash reader inference", "sha256"),
+    (f"{hash_key('x')} reader", "expected"),
+    (f"{hash_key('x')} reader root", "unknown scope"),
+    (f"{hash_key('x')} reader inference rps=ten", "rps=N"),
+    (f"{hash_key('x')} bad/id inference", "key id"),
+])
+def test_malformed_keys_file_lines_are_refused_by_line(line, message):
+    with pytest.raises(ValueError, match=message) as info:
+        parse_keys("# header\n" + line + "\n")
+    assert "line 2" in str(info.value)
+
+
+def test_duplicate_key_ids_are_refused():
+    with pytest.raises(ValueError, match="twice"):
+        parse_keys(key_line("a", "same") + key_line("b", "same"))
+
+
+def test_presented_key_from_either_header():
+    assert presented_key([(b"authorization", b"Bearer abc")]) == "abc"
+    assert presented_key([(b"authorization", b"bearer  abc ")]) == "abc"
+    assert presented_key([(b"x-api-key", b"xyz")]) == "xyz"
+    assert presented_key([(b"authorization", b"Basic abc")]) is None
+    assert presented_key([]) is None
+
+
+def test_open_gateway_only_on_loopback(tmp_path):
+    assert check_exposure(Settings(host="127.0.0.1")) is None
+    assert not admin_key_required(Settings(host="127.0.0.1"))
+    with pytest.raises(RuntimeError, match="not loopback"):
+        check_exposure(Settings(host="0.0.0.0"))
+    keys = tmp_path / "keys"
+    keys.write_text(key_line("k", "ops", "admin"))
+    settings = Settings(host="0.0.0.0", api_keys_file=keys)
+    assert check_exposure(settings).find("k").key_id == "ops" and admin_key_required(settings)
+    keys.write_text("# nothing\n")
+    with pytest.raises(RuntimeError, match="holds no key"):
+        check_exposure(settings)
+
+
+def test_make_triton_generates_an_admin_key_off_loopback(tmp_path):
+    assert gateway_keys("127.0.0.1", tmp_path, env={}) == (None, None, False)
+    keys_file, key_file, generated = gateway_keys("0.0.0.0", tmp_path, env={})
+    assert generated and key_file == tmp_path / "run" / "gateway_admin_key"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    key = key_file.read_text().strip()
+    assert key not in keys_file.read_text()  # only its hash
+    assert KeyRing.from_file(keys_file).find(key).allows("admin")
+    again = gateway_keys("0.0.0.0", tmp_path, env={})
+    assert again == (keys_file, key_file, False) and key_file.read_text().strip() == key  # kept across starts
+    given = tmp_path / "mine"
+    assert gateway_keys("0.0.0.0", tmp_path, env={"GATEWAY_API_KEYS_FILE": str(given)}) == (given, None, False)
+
+
+def test_triton_inference_binds_loopback_unless_opted_in():
+    assert triton_host({}) == "127.0.0.1" and triton_host({"TRITON_HOST": "0.0.0.0"}) == "0.0.0.0"
+    command = TritonServer(triton_host({}), metrics_host="0.0.0.0").command()
+    assert "--http-address=127.0.0.1" in command and "--grpc-address=127.0.0.1" in command
+    assert "--metrics-address=0.0.0.0" in command
+
+
+def test_body_caps_follow_each_routes_limits():
+    settings = Settings()
+    assert cap(ROUTES[("POST", "/v1/embeddings")], settings) == 256 * 64 * 1024 + 64 * 1024
+    assert cap(ROUTES[("POST", "/v1/embeddings")], Settings(max_inputs=8)) == 8 * 64 * 1024 + 64 * 1024
+    assert cap(ROUTES[("POST", "/infer")], settings) == settings.max_body_bytes  # 256 images: the ceiling
+    assert cap(ROUTES[("POST", "/unload_model")], settings) == 64 * 1024
+    assert texts_cap(settings) < settings.max_body_bytes
+
+
+def test_quota_arithmetic():
+    assert completion_budget({"prompt": ["a", "b"], "max_tokens": 10, "n": 3}) == 60
+    assert completion_budget({"prompt": "a"}) == 16  # OpenAI's default max_tokens
+    assert completion_budget({"prompt": "a", "max_tokens": "many"}) == 1 and completion_budget([1]) == 1
+    assert reset_text(0.25) == "250ms" and reset_text(1.0) == "1s" and reset_text(90) == "1m30s"
+
+
+def test_openapi_document_declares_security_and_errors():
+    from gateway.app import create_app
+
+    document = create_app(Settings()).openapi()
+    assert set(document["components"]["securitySchemes"]) == {"bearer", "apiKey"}
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            policy = ROUTES[(method.upper(), path)]
+            responses = operation["responses"]
+            assert "422" not in responses, (method, path)  # validation errors are 400 here
+            assert "200" in responses and responses["200"]["content"]["application/json"]["schema"]
+            if policy.scope is not None:
+                assert operation["security"] and {"401", "403", "429"} <= set(responses), (method, path)
+            if "requestBody" in operation:
+                assert {"400", "413"} <= set(responses), (method, path)
+    assert complete({"paths": {}})["components"]["schemas"]["Error"]["required"] == ["error"]
