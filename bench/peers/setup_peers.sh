@@ -16,8 +16,9 @@ make_venv() {  # name, pip args...
   rm -rf "$dir"
   "$PYTHON" -m venv "$dir"
   # infinity: the CPU torch wheel first (as tools/setup.sh does), so the resolver does not pull a CUDA build
-  if [ "$dir" = .peers/infinity-venv ]; then "$dir/bin/pip" install --quiet "torch==2.13.0"; fi
-  "$dir/bin/pip" install --quiet "$@"
+  # (pip's warnings about this machine's empty local index folders are filtered; its exit status is kept)
+  if [ "$dir" = .peers/infinity-venv ]; then "$dir/bin/pip" install --quiet "torch==2.13.0" 2> >(grep -v "is ignored" >&2); fi
+  "$dir/bin/pip" install --quiet "$@" 2> >(grep -v "is ignored" >&2)
   echo "$stamp" > "$dir/.stamp"
   echo "peers: $dir ready"
 }
