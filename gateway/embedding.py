@@ -35,9 +35,6 @@ def l2_normalize(vectors: np.ndarray) -> np.ndarray:
 
 
 async def run_ensemble(engine: TritonEngine, model: str, input_name: str, items: list, max_batch: int) -> np.ndarray:
-    if len(items) <= max_batch:  # the common case (one text): no gather, no extra task per request
-        result = await engine.infer(model, {input_name: string_rows(items)}, ["embedding"])
-        return np.array(result["embedding"], dtype=np.float32)  # a writable copy, as concatenate gives below
     chunks = [items[i:i + max_batch] for i in range(0, len(items), max_batch)]
     results = await asyncio.gather(*(engine.infer(model, {input_name: string_rows(chunk)}, ["embedding"])
                                      for chunk in chunks))
