@@ -234,15 +234,17 @@ def plot(m: dict, names: list[str], levels, out_dir: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    # the fourth panel, CPU per request, is the figure that drifts least on a shared box (see docs/performance-gateway.md)
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4.8))
     for name in names:
         cs = [c for c in levels if (name, c) in m]
         style = {"linestyle": "--"} if name not in (GRPC, GATEWAY) and not name.startswith(GATEWAY) else {}
         for ax, key in zip(axes, ("rps", "p50_ms", "p95_ms")):
             ax.plot(cs, [m[(name, c)][key] for c in cs], marker="o", label=name, **style)
+        axes[3].plot(cs, [m[(name, c)]["own_ms"] + m[(name, c)]["triton_ms"] for c in cs], marker="o", label=name, **style)
         limited = [c for c in cs if m[(name, c)]["client_limited"]]
         axes[0].plot(limited, [m[(name, c)]["rps"] for c in limited], "kx", markersize=10)
-    for ax, label in zip(axes, ("requests/s", "p50 latency (ms)", "p95 latency (ms)")):
+    for ax, label in zip(axes, ("requests/s", "p50 latency (ms)", "p95 latency (ms)", "server CPU ms per request")):
         ax.set(xlabel="concurrency", ylabel=label, xscale="log")
         ax.set_xticks(list(levels), [str(c) for c in levels])
     axes[1].set_yscale("log")
@@ -250,6 +252,7 @@ def plot(m: dict, names: list[str], levels, out_dir: Path) -> list[str]:
     axes[0].set_title("throughput (x: client-limited)")
     axes[1].set_title("p50")
     axes[2].set_title("p95")
+    axes[3].set_title("serving CPU per request (lower is cheaper)")
     axes[0].legend(fontsize=8)
     fig.suptitle("all-MiniLM-L6-v2, one text per request: direct gRPC, the gateway and peers (same run)")
     name = "embeddings_compare.png"
