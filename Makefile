@@ -66,7 +66,9 @@ deploy-check: setup model
 clean:
 	find model_repository -mindepth 3 -maxdepth 3 -path '*/[0-9]*/*' ! -name .gitkeep -exec rm -rf {} +
 
-# The configuration matrix vs the FastAPI peer: bench-results/<date>/report.md + plots, and docs/performance.md's sweep section.
+# The configuration matrix vs the FastAPI peer: bench-results/<date>/report.md + plots, and docs/performance.md's sweep section;
+# then the gateway vs direct gRPC vs infinity-emb and fastembed (installed into .peers/, never .venv).
 SWEEP_ARGS ?= --docs
 sweep: setup model
+	@bash bench/peers/setup_peers.sh || echo "sweep: a peer did not install: the comparison skips it"
 	@$(PY) bench/sweep.py $(SWEEP_ARGS)

@@ -374,23 +374,32 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="two configurations only (smoke run)")
     parser.add_argument("--docs", "--readme", dest="docs", action="store_true",
                         help="rewrite the generated sweep section of docs/performance.md (--readme: its old name)")
+    # issue 29: the gateway against direct gRPC and the peers (bench/compare_embeddings.py), same report
+    parser.add_argument("--no-compare", action="store_true", help="skip the gateway/gRPC/peers comparison")
+    parser.add_argument("--compare-window", type=float, default=10.0, help="seconds per comparison point")
     args = parser.parse_args()
     out_dir = ROOT / "bench-results" / datetime.date.today().isoformat()
     out_dir.mkdir(parents=True, exist_ok=True)
     results = [sweep_pipeline(name, args, out_dir) for name in args.pipelines]
     summary = [row for _, rows in results for row in rows]
     # a run of some pipelines keeps the same day's full report
-    report = out_dir / ("report.md" if set(args.pipelines) == set(PIPELINES) else f"report-{'-'.join(args.pipelines)}.md")
+    report = out_dir / ("report.md" if set(args.pipelines) == set(PIPELINES) else f"report-{'-'.join(args.pipelines) or 'compare'}.md")
     header = (f"`make sweep`, {datetime.datetime.now():%Y-%m-%d %H:%M}: window {args.window:g} s per point (warm-up "
               f"{args.warmup:g} s), one run on this machine. Configurations: `{SHIPPED}` (model_repository/ as it is), "
               "then dynamic batching (db: on, queue delay 0; nodb: off) x instances of the main stage ("
               + ", ".join(f"`{PIPELINES[n]().stage}`" for n in args.pipelines) + ") x max batch size x runtime "
               f"(of every network); then shipped against every configuration that beat it, head to head in {args.rounds} "
               "rounds (ABBA order).")
+    compare = ""
+    if not args.no_compare:
+        from compare_embeddings import compare as compare_embeddings
+
+        print("=== gateway vs direct gRPC vs peers (bench/compare_embeddings.py)", flush=True)
+        compare = compare_embeddings(out_dir, args.compare_window, 2.0, args.rounds) + "\n"
     report.write_text(f"# make sweep\n\n{header}\n\n" + "\n".join(summary_table(summary)) + "\n\n"
-                      + "\n".join(section for section, _ in results))
+                      + "\n".join(section for section, _ in results) + "\n" + compare)
     print(f"sweep: wrote {report}")
-    if args.docs:
+    if args.docs and summary:
         write_readme(PERFORMANCE_PAGE, report, summary, header)
         print(f"sweep: {PERFORMANCE_PAGE.relative_to(ROOT)}'s sweep section rewritten")
     return 0

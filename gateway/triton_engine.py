@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import struct
 from dataclasses import dataclass
 from typing import AsyncIterator, Mapping, Sequence
 
 import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
-from tritonclient.grpc import InferInput, InferRequestedOutput, InferResult
-from tritonclient.grpc._utils import _get_inference_request
-from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+from tritonclient.grpc import InferInput, InferResult, service_pb2
+from tritonclient.grpc._utils import _get_inference_request, get_error_grpc
+from tritonclient.utils import (InferenceServerException, deserialize_bytes_tensor, np_to_triton_dtype,
+                                triton_to_np_dtype)
 
 from gateway import errors
 
@@ -27,6 +29,47 @@ def infer_input(name: str, array: np.ndarray) -> InferInput:
     tensor = InferInput(name, list(array.shape), dtype)
     tensor.set_data_from_numpy(array)
     return tensor
+
+
+def _raw_bytes(array: np.ndarray) -> bytes:
+    """Triton's BYTES wire format (a 4-byte little-endian length before each item), str sent as UTF-8:
+    what InferInput.set_data_from_numpy produces, without np.vectorize and its per-call set-up."""
+    pack, parts = struct.Struct("<I").pack, []
+    for v in array.flat:
+        b = v.encode("utf-8") if isinstance(v, str) else bytes(v)
+        parts += (pack(len(b)), b)
+    return b"".join(parts)
+
+
+def infer_request(model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> service_pb2.ModelInferRequest:
+    """The ModelInfer message built directly (raw_input_contents): the hot path skips tritonclient's
+    InferInput/InferRequestedOutput objects and their copies (py-spy: ~9% of the gateway's CPU under load)."""
+    request = service_pb2.ModelInferRequest(model_name=model)
+    for name, array in inputs.items():
+        tensor = request.inputs.add()
+        tensor.name = name
+        tensor.shape.extend(array.shape)
+        if array.dtype == np.object_:
+            tensor.datatype = "BYTES"
+            request.raw_input_contents.append(_raw_bytes(array))
+        else:
+            tensor.datatype = np_to_triton_dtype(array.dtype)
+            request.raw_input_contents.append(np.ascontiguousarray(array).tobytes())
+    for name in outputs:
+        request.outputs.add().name = name
+    return request
+
+
+def response_arrays(response: service_pb2.ModelInferResponse) -> dict[str, np.ndarray]:
+    """Every output of a ModelInfer response as numpy (numeric outputs are read-only views of the message)."""
+    out = {}
+    for tensor, raw in zip(response.outputs, response.raw_output_contents):
+        if tensor.datatype == "BYTES":
+            array = deserialize_bytes_tensor(raw)
+        else:
+            array = np.frombuffer(raw, dtype=triton_to_np_dtype(tensor.datatype))
+        out[tensor.name] = array.reshape(tuple(tensor.shape))
+    return out
 
 
 def string_rows(values: Sequence[str | bytes]) -> np.ndarray:
@@ -86,14 +129,14 @@ class TritonEngine:
 
     async def infer(self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str],
                     timeout_s: float | None = None) -> dict[str, np.ndarray]:
+        # the generated stub directly, as tritonclient's aio infer does inside, minus its per-call objects
         try:
-            result = await self.client.infer(
-                model, [infer_input(name, array) for name, array in inputs.items()],
-                outputs=[InferRequestedOutput(name) for name in outputs],
-                client_timeout=timeout_s or self.request_timeout_s)
-        except InferenceServerException as exc:
-            raise translate(exc, model) from None
-        return {name: result.as_numpy(name) for name in outputs}
+            response = await self.client._client_stub.ModelInfer(
+                infer_request(model, inputs, outputs), timeout=timeout_s or self.request_timeout_s)
+        except grpc.RpcError as exc:
+            raise translate(get_error_grpc(exc), model) from None
+        arrays = response_arrays(response)
+        return {name: arrays[name] for name in outputs}
 
     async def stream_infer(self, model: str, inputs: Mapping[str, np.ndarray],
                            timeout_s: float | None = None) -> AsyncIterator[StreamResponse]:

