@@ -7,8 +7,9 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 from fastapi import FastAPI
 
-from gateway import errors, prometheus
+from gateway import admission, errors, prometheus
 from gateway.registry import ModelRegistry
+from gateway.server_watch import ServerWatch
 from gateway.routers import collections, completions, embeddings, health, models, seed
 from gateway.search.collections import Collections
 from gateway.settings import Settings
@@ -26,6 +27,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             app.state.models = ModelRegistry(settings, app.state.engine)
             stack.push_async_callback(app.state.models.close)
             await app.state.models.start()
+            app.state.server_watch = ServerWatch(app.state.engine, app.state.models, app.state.admission).start()
+            stack.push_async_callback(app.state.server_watch.close)
             app.state.collections = Collections(settings)
             stack.callback(app.state.collections.close)
             app.state.collections.start()
@@ -37,6 +40,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     errors.install(app)
     app.state.metrics = prometheus.install(app)
+    app.state.admission = admission.Admission(drain_s=settings.drain_s)
+    admission.install(app, app.state.admission)  # outside the metrics: refusals are cheap and not measured
     app.state.extra_model_ids = []  # other model families (completions) list their ids here
     for router in (health.router, models.router, embeddings.router, seed.router):
         app.include_router(router)

@@ -30,7 +30,7 @@ class Entry:
     key: Key
     kind: str
     spec: ModelSpec | None = None
-    state: str = "loading"  # loading -> ready -> unloading
+    state: str = "loading"  # loading -> ready -> unloading; ready -> resyncing -> ready (gateway/server_watch.py)
     ready: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     in_flight: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
@@ -50,6 +50,7 @@ class ModelRegistry:
         self._lock = asyncio.Lock()
         self.loads_started = 0  # generate + Triton load runs, for tests and logs
         self._tasks: set[asyncio.Task] = set()
+        self.on_lost = lambda: None  # gateway/server_watch.py: a request found a model missing in Triton
         self.export = modelgen.ExportOptions(enabled=settings.onnx_export, timeout_s=settings.onnx_export_timeout_s,
                                              tolerance=settings.onnx_export_tolerance, cache_dir=settings.onnx_cache)
 
@@ -91,7 +92,7 @@ class ModelRegistry:
 
     def _save(self) -> None:
         models = [{"model_name": e.key[0], "pretrained": e.key[1], "kind": e.kind}
-                  for e in self.entries.values() if e.state == "ready"]
+                  for e in self.entries.values() if e.state in ("ready", "resyncing")]
         self.state_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.state_file.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(models, indent=1))
@@ -114,6 +115,10 @@ class ModelRegistry:
                 return named[0]
         return None
 
+    def reloading(self) -> list[ModelSpec]:
+        """Held models being loaded again into a restarted Triton server (not served until then)."""
+        return [e.spec for e in self.entries.values() if e.state == "resyncing" and e.spec]
+
     def loaded(self) -> list[ModelSpec]:
         runtime = [e.spec for e in self.entries.values() if e.state == "ready" and e.spec]
         return list(self.builtin.values()) + runtime
@@ -132,6 +137,9 @@ class ModelRegistry:
             return
         if found is None or found.state == "unloading":
             raise errors.NotFound(f"model '{model_name}' is not loaded", param="model", code="model_not_found")
+        if found.state == "resyncing":
+            raise errors.Unavailable(f"model '{found.label}' is being loaded again into the restarted Triton server; "
+                                     "retry later", retry_after=2, code="model_reloading")
         if found.state == "loading":
             await self._wait_ready(found)
         found.in_flight += 1
@@ -139,6 +147,13 @@ class ModelRegistry:
         found.last_used = time.monotonic()
         try:
             yield found.spec
+        except errors.NotFound as exc:
+            if exc.code != "model_not_found" or found.state != "ready":
+                raise
+            # Triton no longer has it: a new server underneath; the watch loads it again
+            self.on_lost()
+            raise errors.Unavailable(f"model '{found.label}' is not in the Triton server now (restarted?); "
+                                     "retry later", retry_after=2, code="model_reloading") from None
         finally:
             found.in_flight -= 1
             if found.in_flight == 0:

@@ -44,8 +44,11 @@ def translate(exc: InferenceServerException, model: str) -> errors.ApiError:
     status, message = _status(exc), exc.message() or ""
     if "INVALID_ARG" in status:
         return errors.BadRequest(message, code="invalid_input")
-    if "UNAVAILABLE" in status or "RESOURCE_EXHAUSTED" in status or "exceeds maximum queue size" in message:
+    if "RESOURCE_EXHAUSTED" in status or "exceeds maximum queue size" in message.lower():
         return errors.Unavailable(f"model '{model}' is over capacity, retry later", code="overloaded")
+    if "UNAVAILABLE" in status:  # the server is gone or restarting (connection refused, socket closed)
+        return errors.Unavailable(f"the Triton server is not available for '{model}' now (restarting?); retry later",
+                                  retry_after=2, code="server_unavailable")
     if "DEADLINE_EXCEEDED" in status or "timeout" in message.lower():
         return errors.UpstreamTimeout(f"model '{model}' did not answer in time", code="timeout")
     if "NOT_FOUND" in status or "unknown model" in message or "is not found" in message:
@@ -149,6 +152,8 @@ class TritonEngine:
         try:
             await self.client.load_model(model, config=config, headers=self.admin_headers)
         except InferenceServerException as exc:
+            if "UNAVAILABLE" in _status(exc):  # the server went away: the load is retried once it is back
+                raise translate(exc, model) from None
             raise errors.internal(exc, f"loading '{model}'") from None
 
     async def unload(self, model: str, unload_dependents: bool = True) -> None:

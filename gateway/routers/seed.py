@@ -56,7 +56,10 @@ async def delete_model(body: ModelRef, request: Request):
 
 @router.get("/loaded_models")
 async def loaded_models(request: Request):
-    return {"models": [describe(spec) for spec in request.app.state.models.loaded()]}
+    registry = request.app.state.models
+    # "reloading": held, but being loaded again into a restarted Triton server (503 until then)
+    return {"models": [describe(spec) for spec in registry.loaded()],
+            "reloading": [describe(spec) for spec in registry.reloading()]}
 
 
 @router.post("/infer")
