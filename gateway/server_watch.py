@@ -96,20 +96,24 @@ class ServerWatch:
             self._resync = asyncio.get_running_loop().create_task(self._reload_all())
 
     async def _reload_all(self) -> None:
-        """One at a time (the box has few cores): each model serves as soon as its own reload is done."""
-        started, done = time.monotonic(), []
-        while todo := [e for e in self.registry.entries.values() if e.state == "resyncing"]:
-            entry = todo[0]
-            t0 = time.monotonic()
-            try:
-                for ensemble in entry.spec.ensembles:  # Triton loads an ensemble's composing models with it
-                    await self.engine.load(ensemble)
-            except errors.ApiError as exc:
-                log.warning("reloading %s failed (%s): retried on the next check", entry.label, exc.message)
-                return  # the server may be gone again: the next poll decides
-            if entry.state == "resyncing":  # not unloaded meanwhile
-                entry.state = "ready"
-                entry.idle.set()
-            done.append(entry.label)
-            log.warning("re-sync: %s serves again (reloaded in %.1fs)", entry.label, time.monotonic() - t0)
-        self.resyncs.append({"entries": done, "seconds": time.monotonic() - started, "done": time.time()})
+        """Every held model at once (Triton loads them on its own threads); each one serves as soon as its
+        own reload is done. A failure leaves it reloading: the next poll retries (the server may be gone)."""
+        started = time.monotonic()
+        todo = [e for e in self.registry.entries.values() if e.state == "resyncing"]
+        done = await asyncio.gather(*(self._reload(entry) for entry in todo))
+        self.resyncs.append({"entries": [e.label for e, ok in zip(todo, done) if ok],
+                             "seconds": time.monotonic() - started, "done": time.time()})
+
+    async def _reload(self, entry) -> bool:
+        t0 = time.monotonic()
+        try:
+            for ensemble in entry.spec.ensembles:  # Triton loads an ensemble's composing models with it
+                await self.engine.load(ensemble)
+        except errors.ApiError as exc:
+            log.warning("reloading %s failed (%s): retried on the next check", entry.label, exc.message)
+            return False
+        if entry.state == "resyncing":  # not unloaded meanwhile
+            entry.state = "ready"
+            entry.idle.set()
+        log.warning("re-sync: %s serves again (reloaded in %.1fs)", entry.label, time.monotonic() - t0)
+        return True

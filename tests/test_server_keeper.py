@@ -33,6 +33,7 @@ class FakeServer:
         self.scripts, self.log_file = list(scripts), log_file
         self.process: subprocess.Popen | None = None
         self.starts = self.stops = 0
+        self.explicit_models = None
 
     def start(self, timeout=0, append_log=False):
         self.starts += 1
