@@ -8,12 +8,10 @@ exit cause and the server's log. Used by `make triton` (tools/triton_launcher.py
 the soak (a thread each, `start_watching`)."""
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import threading
 import time
-import urllib.request
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -88,11 +86,8 @@ class ServerKeeper:
 
     def __init__(self, server: TritonServer, policy: RestartPolicy | None = None,
                  on_down: Callable[[str], None] | None = None, on_up: Callable[[], None] | None = None,
-                 start_timeout_s: float = 600.0, admin_headers: dict[str, str] | None = None):
+                 start_timeout_s: float = 600.0):
         self.server, self.policy = server, policy or RestartPolicy()
-        self.admin_headers = admin_headers  # the HTTP header for a restricted repository API
-        self.base_models = list(server.explicit_models) if server.explicit_models is not None else None
-        self.models_seen: set[str] = set()  # READY as of the last note: the model set a restart loads again
         self.on_down, self.on_up = on_down, on_up
         self.start_timeout_s = start_timeout_s
         self.restarts: list[Restart] = []
@@ -131,31 +126,9 @@ class ServerKeeper:
                 return code
             if time.monotonic() - last_note >= note_every_s:
                 self.server.note_regions()  # for the reaping: a dead server's processes can no longer be asked
-                self.note_models()
                 last_note = time.monotonic()
             self._stop.wait(0.1)
         return self.server.process.poll() if self.server.process else None
-
-    def note_models(self) -> None:
-        """Remembers the models READY now (the gateway's runtime models among them): a restart loads them
-        all at start, in parallel with the shipped ones, so the gateway finds them there."""
-        if self.base_models is None:
-            return
-        try:
-            request = urllib.request.Request(f"http://{self.server.http_url}/v2/repository/index", data=b"{}",
-                                             headers=self.admin_headers or {}, method="POST")
-            with urllib.request.urlopen(request, timeout=2) as r:
-                self.models_seen = {m["name"] for m in json.loads(r.read()) if m.get("state") == "READY"}
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # busy or stopping: keep the last note
-
-    def _model_set(self) -> list[str]:
-        """The shipped models the server started with, plus those it served when it died whose folders are
-        still there (a folder the gateway deleted meanwhile would make the start fail)."""
-        repositories = [self.server.model_repository, *self.server.extra_repositories]
-        extra = {m for m in self.models_seen - set(self.base_models)
-                 if any((Path(r) / m / "config.pbtxt").is_file() for r in repositories)}
-        return self.base_models + sorted(extra)
 
     def _restart(self, cause: str) -> None:
         while not self._stop.is_set():
@@ -175,8 +148,6 @@ class ServerKeeper:
             if self._stop.wait(delay):
                 return
             started = time.monotonic()
-            if self.base_models is not None:
-                self.server.explicit_models = self._model_set()
             try:
                 self.server.start(timeout=self.start_timeout_s, append_log=True)
             except Exception as exc:  # it died or hung while starting: counts as one more crash
