@@ -70,6 +70,22 @@ def stream_error(message: str, model: str) -> errors.ApiError:
     return errors.BadRequest(message, code="invalid_input")
 
 
+def channel_args() -> list[tuple[str, int]]:
+    """tritonclient's defaults, plus a short reconnect backoff: gRPC's own grows to ~10 s after 30 s of a
+    restarting server (seen: the gateway noticed the new server 8 s after it was ready)."""
+    from tritonclient.grpc._client import MAX_GRPC_MESSAGE_SIZE, KeepAliveOptions
+
+    keepalive = KeepAliveOptions()
+    return [("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+            ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+            ("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_reconnect_backoff_ms", 250),
+            ("grpc.max_reconnect_backoff_ms", 1000)]
+
+
 @dataclass
 class StreamResponse:
     outputs: dict[str, np.ndarray]  # every output the response carries (empty for an empty final one)
@@ -79,7 +95,7 @@ class StreamResponse:
 class TritonEngine:
     def __init__(self, url: str, request_timeout_s: float = 300.0):
         self.url, self.request_timeout_s = url, request_timeout_s
-        self.client = grpcaio.InferenceServerClient(url)
+        self.client = grpcaio.InferenceServerClient(url, channel_args=channel_args())
         # Off loopback the launcher restricts Triton's model control to holders of this key (supervisor/exposure.py).
         key = os.environ.get("TRITON_ADMIN_KEY")
         self.admin_headers = {"triton-grpc-protocol-triton-admin-key": key} if key else None
