@@ -83,3 +83,23 @@ def test_a_clean_exit_is_not_restarted(tmp_path):
     server = FakeServer(["pass"], tmp_path / "log")
     server.start()
     assert ServerKeeper(server).watch() == 0 and server.starts == 1
+
+
+class FailingStart(FakeServer):
+    """Its first start dies while starting, as TritonServer.start raises then."""
+
+    def start(self, timeout=0, append_log=False):
+        super().start(timeout, append_log)
+        if self.starts == 1:
+            self.process.wait()
+            raise RuntimeError(f"tritonserver exited with code {self.process.returncode}")
+        return self
+
+
+def test_a_server_dying_while_it_starts_is_restarted(tmp_path):
+    server = FailingStart(["import os; os.abort()", "import time; time.sleep(60)"], tmp_path / "log")
+    keeper = ServerKeeper(server, RestartPolicy(backoff_s=0.01))
+    keeper.start()
+    assert server.starts == 2 and server.process.poll() is None
+    assert keeper.restarts[0].cause.startswith("start failed: tritonserver exited with code -6")
+    keeper.stop()

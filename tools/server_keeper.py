@@ -103,6 +103,16 @@ class ServerKeeper:
         """No restart from now on (safe from a signal handler): the next exit is the last."""
         self._stop.set()
 
+    def start(self, timeout: float | None = None) -> None:
+        """The first start: a server that dies while starting (Triton 2.51 was seen to abort with a
+        boost lock_exception at start on a busy box) is restarted like one that dies later."""
+        try:
+            self.server.start(timeout=timeout or self.start_timeout_s)
+        except Exception as exc:
+            if self._stop.is_set():
+                raise
+            self._restart(f"start failed: {exc}")
+
     def watch(self, note_every_s: float = 2.0) -> int:
         """Until a stop is requested: wait for the server's exit, restart it if that exit was abnormal.
         Returns the last exit code; raises CrashLoop when restarts keep failing."""
@@ -184,3 +194,49 @@ class ServerKeeper:
         if self._thread is not None:
             self._thread.join(120)
         self.server.stop()
+
+
+class SupervisedServer:
+    """A TritonServer kept running by a ServerKeeper thread, with a supervisor (supervisor/monitor.py) per
+    server life: a new server gets a new supervisor (its stub tracker and unhealthy set start afresh), and
+    `events` runs on across restarts. For the fault tests and the soak; `make triton` wires the same
+    pieces itself (tools/triton_launcher.py)."""
+
+    def __init__(self, server: TritonServer, make_supervisor: Callable[[TritonServer], object],
+                 policy: RestartPolicy | None = None):
+        self.server, self.make_supervisor = server, make_supervisor
+        self.events: list[tuple[float, str, str]] = []  # the supervisors' (unix time, event, model)
+        self.supervisor = None
+        self.keeper = ServerKeeper(server, policy, on_down=self._down, on_up=self._up)
+
+    @property
+    def restarts(self) -> list[Restart]:
+        return self.keeper.restarts
+
+    def start(self, timeout: float = 600.0) -> "SupervisedServer":
+        self.keeper.start(timeout)  # on_up has run if the first try had to be restarted
+        if self.supervisor is None:
+            self._up()
+        self.keeper.start_watching()
+        return self
+
+    def _down(self, cause: str) -> None:
+        if self.supervisor is not None:
+            self.supervisor.stop()
+            self.supervisor = None
+
+    def _up(self) -> None:
+        if self.keeper.stopping:
+            return
+        supervisor = self.make_supervisor(self.server)
+        supervisor.events = self.events  # before it starts: one history across server lives
+        self.supervisor = supervisor.start()
+
+    def stop(self) -> None:
+        self.keeper.request_stop()
+        if self.supervisor is not None:
+            self.supervisor.request_stop()
+        self.keeper.stop()
+        if self.supervisor is not None:
+            self.supervisor.stop()
+            self.supervisor = None

@@ -320,7 +320,6 @@ def main() -> int:
     command = " ".join(server.command())
     print("triton: starting " + (command.replace(key, "<TRITON_ADMIN_KEY>") if key else command), flush=True)
     print(f"triton: server log {server.log_file}", flush=True)
-    server.start()
 
     def new_supervisor() -> Supervisor:
         # a hung stub stays alive: a canary per BLS front served (only the gateway's own models load later)
@@ -347,9 +346,22 @@ def main() -> int:
         if not keeper.stopping:
             supervisor = new_supervisor()
 
-    supervisor = new_supervisor()
     keeper = ServerKeeper(server, RestartPolicy(max_restarts=args.max_restarts, window_s=args.restart_window_s),
                           on_down=on_down, on_up=on_up)
+    try:
+        keeper.start()  # a server dying while it starts is restarted too
+    except CrashLoop as exc:
+        print(f"triton: giving up: {exc}", flush=True)
+        return 1
+    except Exception:
+        server.stop()
+        if signals_seen:  # stopped while starting
+            return 0
+        raise
+    if server.process is None:  # stopped by a signal while starting
+        return 0
+    if supervisor is None:
+        supervisor = new_supervisor()
     try:
         if gateway is not None and not signals_seen:
             gateway.start()
