@@ -159,6 +159,8 @@ class Load:
             except Exception as exc:  # a client-side failure is an unexpected error too
                 error = f"{type(exc).__name__}: {exc}"
             self.outcomes.append(Outcome(name, start, time.time(), bad, error, pipeline.refusal))
+            if error is not None and "UNAVAILABLE" in error:
+                time.sleep(0.1)  # the server is down or restarting: do not spin on the shared box's cores
         client.close()
 
     def unexpected(self) -> list[Outcome]:
