@@ -96,6 +96,7 @@ def kill_plan(seconds: float, warmup: float, every: float, stubs: list[str], ser
 
 
 def main() -> int:
+    sys.stdout.reconfigure(line_buffering=True)  # the summary reaches a log file even if the exit hangs
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=float(os.environ.get("SOAK_S", 120)))
     parser.add_argument("--concurrency", type=int, default=32)
@@ -183,7 +184,8 @@ def main() -> int:
     # around a server's death (a kill, or the generator's abort) a client may only see UNAVAILABLE
     at_server = [o for o in at_kill if any(heal_window(o, (r.died_at, SERVER, r.ready_at)) for r in restarts)]
     not_unavailable = [o for o in at_server if "UNAVAILABLE" not in (o.error or "")]
-    unexpected = [o for o in failed if o not in at_kill] + not_unavailable
+    counted = {id(o) for o in at_kill}  # by identity: equal outcomes are still separate requests
+    unexpected = [o for o in failed if id(o) not in counted] + not_unavailable
     bad = [o for o in load.outcomes if o.bad]
     growth = (rss_end - rss_warm) / rss_warm * 100
     leaked_shm = sorted(r for r in regions if Path(r).exists())
