@@ -35,6 +35,8 @@ class Entry:
     in_flight: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     last_used: float = field(default_factory=time.monotonic)
+    generation: int = 0  # > 0: loaded beside an older one by `replace` (other Triton names)
+    replacing: asyncio.Task | None = None  # its replacement being loaded
 
     @property
     def label(self) -> str:
@@ -167,8 +169,10 @@ class ModelRegistry:
                                      "(MODEL_WAIT_S); retry later", retry_after=5) from None
 
     # ---- load -----------------------------------------------------------------------------------
-    async def load(self, model_name: str, pretrained: str | None, kind: str) -> tuple[ModelSpec, bool]:
-        """(spec, was_already_loaded). Concurrent loads of one model share one load."""
+    async def load(self, model_name: str, pretrained: str | None, kind: str,
+                   replace: bool = False) -> tuple[ModelSpec, bool]:
+        """(spec, was_already_loaded). Concurrent loads of one model share one load. `replace` on a loaded
+        model: its files are read again and loaded beside it (see `_replace`)."""
         if kind not in KINDS:
             raise errors.BadRequest(f"unknown model kind {kind!r}")
         if model_name in self.builtin:
@@ -183,6 +187,14 @@ class ModelRegistry:
                 raise errors.Conflict(f"model '{entry.label}' is being unloaded; load it again when that is done",
                                       param="model_name")
             existed = entry is not None
+            if replace and entry is not None and entry.state == "ready" and entry.kind == kind:
+                if entry.replacing is None or entry.replacing.done():
+                    entry.replacing = asyncio.get_running_loop().create_task(self._replace(entry))
+                    self._tasks.add(entry.replacing)
+                    entry.replacing.add_done_callback(self._tasks.discard)
+                replacing = entry.replacing
+            else:
+                replacing = None
             if entry is None:
                 entry = self.entries[key] = Entry(key, kind)
                 task = asyncio.get_running_loop().create_task(self._load(entry))
@@ -190,7 +202,67 @@ class ModelRegistry:
                 task.add_done_callback(self._tasks.discard)
         if existed and entry.kind != kind:
             raise errors.Conflict(f"model '{entry.label}' is loaded as a {entry.kind}, not a {kind}", param="model_name")
+        if replacing is not None:
+            return await asyncio.shield(replacing), False
         return await self._wait_ready(entry), existed and entry.state == "ready"
+
+    async def _replace(self, old: Entry) -> ModelSpec:
+        """Model update without downtime: generate the model again under new Triton names (the next
+        generation), load it beside the one serving, switch new requests to it in one step, then unload the
+        old one once its requests in flight are done. A failure leaves the old one serving. (For the
+        moment both count as one model against MAX_LOADED_MODELS.)"""
+        name, pretrained = old.key
+        new = Entry(old.key, old.kind, generation=old.generation + 1)
+        new.ready.add_done_callback(lambda f: f.exception())  # nobody waits on it: retrieved
+        try:
+            self.loads_started += 1
+            source = await asyncio.to_thread(modelgen.resolve_source, name, pretrained, old.kind,
+                                             self.settings.model_roots)
+            spec = await asyncio.to_thread(modelgen.generate, name, pretrained, old.kind, source, self.repository,
+                                           export=self.export, generation=new.generation)
+            started = time.monotonic()
+            try:
+                for ensemble in spec.ensembles:
+                    await self.engine.load(ensemble)
+            except BaseException:
+                await self._drop_models(spec)
+                raise
+        except errors.ApiError:
+            raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the caller gets an id, the log the details
+            raise errors.internal(exc, f"replacing {old.label}") from None
+        new.spec, new.state = spec, "ready"
+        new.idle.set()
+        new.ready.set_result(spec)
+        async with self._lock:
+            if self.entries.get(old.key) is not old or old.state != "ready":  # unloaded meanwhile
+                await self._drop_models(spec)
+                raise errors.Conflict(f"model '{old.label}' was unloaded while its replacement loaded",
+                                      param="model_name")
+            self.entries[old.key] = new  # the switch: every request from now on gets the new one
+            old.state = "unloading"
+        self._save()
+        log.info("model %s replaced by generation %d (%s, loaded in %.1fs); the old one unloads after its "
+                 "%d requests in flight", old.label, new.generation, ", ".join(spec.ensembles),
+                 time.monotonic() - started, old.in_flight)
+        task = asyncio.get_running_loop().create_task(self._retire(old))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return spec
+
+    async def _retire(self, old: Entry) -> None:
+        await self._unload_entry(old)
+        if old.spec is not None:
+            await asyncio.to_thread(modelgen.remove, old.spec, self.repository)
+
+    async def _drop_models(self, spec: ModelSpec) -> None:
+        for ensemble in spec.ensembles:
+            try:
+                await self.engine.unload(ensemble, unload_dependents=True)
+            except errors.ApiError:
+                pass
 
     async def _load(self, entry: Entry) -> None:
         name, pretrained = entry.key
@@ -258,7 +330,8 @@ class ModelRegistry:
         for model in entry.spec.triton_models:  # a composing model shared by two ensembles, if any is left
             await self.engine.unload(model)
         await self._wait_gone(entry.spec.triton_models or entry.spec.ensembles)
-        self.entries.pop(entry.key, None)
+        if self.entries.get(entry.key) is entry:  # not when its replacement holds the key
+            self.entries.pop(entry.key, None)
         self._save()
         log.info("model %s unloaded", entry.label)
 
