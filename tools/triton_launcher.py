@@ -368,6 +368,8 @@ def main() -> int:
     except BaseException:
         supervisor.stop()
         server.stop()
+        if signals_seen:  # stopped while the gateway started
+            return 0
         raise
     print(f"triton: ready\n  HTTP    http://{server.http_url}\n  gRPC    {server.grpc_url}\n"
           f"  metrics {server.metrics_url}" + (f"\n  gateway {gateway.url} (docs: {gateway.url}/docs)" if gateway else "")
