@@ -61,6 +61,16 @@ class CrashLoop(RuntimeError):
     pass
 
 
+def starting_failure(exc: Exception, server) -> str:
+    """Why a start failed, without the log's name (the keeper's messages name it once)."""
+    code = getattr(server, "last_exit_code", None)
+    if isinstance(exc, TimeoutError):
+        return "not ready in time while starting"
+    if code is not None:
+        return f"died while starting: {describe_exit(code)}"
+    return f"died while starting: {str(exc).split(' (log: ')[0]}"
+
+
 def log_tail(path: Path | None, lines: int = 15) -> str:
     if path is None:
         return ""
@@ -111,7 +121,7 @@ class ServerKeeper:
         except Exception as exc:
             if self._stop.is_set():
                 raise
-            self._restart(f"start failed: {exc}")
+            self._restart(starting_failure(exc, self.server))
 
     def watch(self, note_every_s: float = 2.0) -> int:
         """Until a stop is requested: wait for the server's exit, restart it if that exit was abnormal.
@@ -144,7 +154,7 @@ class ServerKeeper:
         while not self._stop.is_set():
             restart = Restart(time.time(), cause)
             self.restarts.append(restart)
-            log.warning("triton: tritonserver died (%s)%s", cause, self._log_hint())
+            log.warning("triton: tritonserver is down (%s)%s", cause, self._log_hint())
             if self.on_down:
                 self.on_down(cause)
             self.server.stop(timeout=10)  # reaps: the dead server's stubs (its process group) and regions
@@ -163,7 +173,7 @@ class ServerKeeper:
             except Exception as exc:  # it died or hung while starting: counts as one more crash
                 if self._stop.is_set():
                     return
-                cause = f"restart failed: {exc}"
+                cause = starting_failure(exc, self.server)
                 continue
             restart.start_s = time.monotonic() - started
             restart.ready_at = time.time()

@@ -106,6 +106,7 @@ class TritonServer:
         self.log_file = log_file
         self.extra_args = extra_args or []
         self.process: subprocess.Popen | None = None
+        self.last_exit_code: int | None = None  # the previous process's, once stopped (tools/server_keeper.py)
         self._shm_before: set[str] = set()
         self._shm_seen: set[str] = set()  # regions this server's processes mapped, as of the last note
 
@@ -205,6 +206,7 @@ class TritonServer:
         for region in self._shm_seen - self._shm_before:
             Path(region).unlink(missing_ok=True)
         self._shm_seen.clear()
+        self.last_exit_code = self.process.returncode
         self.process = None
 
     def note_regions(self) -> None:
@@ -329,9 +331,7 @@ def main() -> int:
                           canaries=canaries, canary_period_s=10.0).start()
 
     def on_down(cause: str) -> None:
-        nonlocal supervisor
-        print(f"triton: tritonserver died ({cause}); reaping its stubs and /dev/shm regions, then restarting "
-              f"(log: {server.log_file})", flush=True)
+        nonlocal supervisor  # the keeper logs the death, the reaping and the restart
         if supervisor is not None:
             supervisor.stop()  # its scans would race the reaping; a new one watches the new server
             supervisor = None
