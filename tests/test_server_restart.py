@@ -239,8 +239,12 @@ def test_kill_9_tritonserver_under_load_everything_serves_again(topology, tmp_pa
         http.close()
         if gateway is not None:
             gateway.stop()
-        if launcher.poll() is None:
-            launcher.kill()
+        if launcher.poll() is None:  # a failure above: stop it as Ctrl-C does (it stops its server)
+            launcher.send_signal(signal.SIGTERM)
+            try:
+                launcher.wait(120)
+            except subprocess.TimeoutExpired:
+                launcher.kill()
     wait_for(lambda: not running(new_tree), 15, "processes outlived the launcher")
     assert not [r for r in new_regions if os.path.exists(r)], "shared-memory regions outlived the launcher"
 
