@@ -71,7 +71,8 @@ class ServerWatch:
                                              "retry later")
             return
         held = [e for e in self.registry.entries.values() if e.state == "ready" and e.spec is not None]
-        ready = {m.get("name") for m in await self.engine.repository_index() if m.get("state") == "READY"}
+        ready = {m.get("name") for m in await self.engine.repository_index()
+                 if m.get("state") == "READY"} if held else set()
         lost = []
         for entry in held:
             if all(m in ready for m in entry.spec.ensembles):
