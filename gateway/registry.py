@@ -78,6 +78,8 @@ class ModelRegistry:
             kind = kind or "sentence_transformer"
             if (name, pretrained or None, kind) not in wanted:
                 wanted.append((name, pretrained or None, kind))
+        if [w for w in wanted if w[0] not in self.builtin]:
+            await self._wait_for_server()
         for name, pretrained, kind in wanted:
             if name in self.builtin:
                 continue
@@ -86,6 +88,17 @@ class ModelRegistry:
                 log.info("loaded %s at start", name)
             except errors.ApiError as exc:
                 log.error("could not load %s at start: %s", name, exc.message)
+
+    async def _wait_for_server(self) -> None:
+        """A gateway started beside a Triton that is not up yet (the Kustomize pod starts both containers
+        at once) waits for it, bounded by MODEL_WAIT_S, before loading: its models would fail otherwise."""
+        deadline = time.monotonic() + self.settings.model_wait_s
+        while not await self.engine.live():
+            if time.monotonic() > deadline:
+                log.error("Triton is not live after %.0fs (MODEL_WAIT_S): loading the saved models anyway",
+                          self.settings.model_wait_s)
+                return
+            await asyncio.sleep(0.5)
 
     async def close(self) -> None:
         for task in list(self._tasks):

@@ -188,3 +188,18 @@ def test_requests_are_refused_while_the_server_is_down():
         messages = await call(app, "/slow")
         assert status(messages) == 503 and b"server_unavailable" in body(messages)
     run(main())
+
+
+def test_a_gateway_started_before_triton_waits_for_it_before_loading_its_models(tmp_path, generated):  # noqa: F811
+    async def main():
+        settings = Settings(data_dir=tmp_path / "data", preload_models=("st:m/a",))
+        server = FakeServer()
+        server.is_live = False
+        reg = ModelRegistry(settings, server)
+        starting = asyncio.ensure_future(reg.start())
+        await asyncio.sleep(1.0)
+        assert not starting.done() and not server.loads  # waiting, not failing
+        server.is_live = True
+        await starting
+        assert [s.model_name for s in reg.loaded() if not s.builtin] == ["m/a"]
+    run(main())
