@@ -70,7 +70,18 @@ def stream_call(client: grpcclient.InferenceServerClient, model: str, inputs, ti
     client.start_stream(callback=lambda result, error: events.put((result, error)), headers=headers)
     timed_out = False
     try:
-        client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        try:
+            client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        except InferenceServerException:
+            # "the stream is no longer in valid state, the error detail is reported through provided callback":
+            # the callback's error (e.g. UNAVAILABLE while a server restarts) is the real one
+            try:
+                _, error = events.get(timeout=1.0)
+            except queue.Empty:
+                error = None
+            if error is not None:
+                raise error from None
+            raise
         while True:
             try:
                 result, error = events.get(timeout=timeout)
