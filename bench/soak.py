@@ -187,7 +187,9 @@ def main() -> int:
     # a bad request sent while the server was down cannot be refused by it: UNAVAILABLE is its answer too
     at_kill = [o for o in failed if (not o.bad or around_a_death(o)) and any(heal_window(o, kill) for kill in kills)]
     # around a server's death (a kill, or the generator's abort) a client may only see UNAVAILABLE
-    at_server = [o for o in at_kill if around_a_death(o)]
+    # (a failure in a stub kill's own window may be that stub's: Stub process ... is not healthy)
+    stub_windows = [k for k in kills if k[1] != SERVER]
+    at_server = [o for o in at_kill if around_a_death(o) and not any(heal_window(o, k) for k in stub_windows)]
     not_unavailable = [o for o in at_server if "UNAVAILABLE" not in (o.error or "")]
     counted = {id(o) for o in at_kill}  # by identity: equal outcomes are still separate requests
     unexpected = [o for o in failed if id(o) not in counted] + not_unavailable
