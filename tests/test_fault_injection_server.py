@@ -208,7 +208,11 @@ def test_a_killed_server_is_restarted_and_its_stubs_reaped(supervised):
             assert time.time() < deadline, "not restarted in 300 s"
             time.sleep(0.2)
         restart = kept.restarts[-1]
-        time.sleep(3)
+        deadline = time.time() + 30  # the clients reconnect (their gRPC backoff) and are answered again
+        while not [o for o in load.outcomes if o.start > restart.ready_at + 0.5 and o.error is None]:
+            assert time.time() < deadline, "no client answered in 30 s after the restart"
+            time.sleep(0.2)
+        time.sleep(1)
     finally:
         load.stop()
     assert restart.cause == "killed by SIGKILL" and server.process.pid != old_pid
