@@ -7,7 +7,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 from fastapi import Depends, FastAPI
 
-from gateway import docs_pages, errors, prometheus, ui
+from gateway import admission, docs_pages, errors, prometheus, ui
 from gateway.audit import Audit, AuditLog
 from gateway.auth import Authenticate, check_exposure
 from gateway.body_limits import CapBodies
@@ -15,6 +15,7 @@ from gateway.openapi import honest_openapi
 from gateway.policy import RouteTable
 from gateway.quotas import QuotaBook, Quotas, charge_tokens
 from gateway.registry import ModelRegistry
+from gateway.server_watch import ServerWatch
 from gateway.routers import collections, completions, embeddings, health, models, pipelines, seed
 from gateway.search.collections import Collections
 from gateway.settings import Settings
@@ -34,6 +35,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             app.state.models = ModelRegistry(settings, app.state.engine)
             stack.push_async_callback(app.state.models.close)
             await app.state.models.start()
+            app.state.server_watch = ServerWatch(app.state.engine, app.state.models, app.state.admission).start()
+            stack.push_async_callback(app.state.server_watch.close)
             app.state.collections = Collections(settings)
             stack.callback(app.state.collections.close)
             app.state.collections.start()
@@ -56,6 +59,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(Authenticate, routes=routes, ring=ring)
     app.add_middleware(Audit, routes=routes, audit_log=AuditLog(settings.data_dir / "audit.log"))
     app.state.metrics = prometheus.install(app)
+    app.state.admission = admission.Admission(drain_s=settings.drain_s)
+    admission.install(app, app.state.admission)  # outside the metrics: refusals are cheap and not measured
     app.state.extra_model_ids = []  # other model families (completions) list their ids here
     for router in (health.router, models.router, embeddings.router, seed.router):
         app.include_router(router)

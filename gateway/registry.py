@@ -35,11 +35,13 @@ class Entry:
     key: Key
     kind: str
     spec: ModelSpec | None = None
-    state: str = "loading"  # loading -> ready -> unloading
+    state: str = "loading"  # loading -> ready -> unloading; ready -> resyncing -> ready (gateway/server_watch.py)
     ready: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     in_flight: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     last_used: float = field(default_factory=time.monotonic)
+    generation: int = 0  # > 0: loaded beside an older one by `replace` (other Triton names)
+    replacing: asyncio.Task | None = None  # its replacement being loaded
 
     @property
     def label(self) -> str:
@@ -55,6 +57,7 @@ class ModelRegistry:
         self._lock = asyncio.Lock()
         self.loads_started = 0  # generate + Triton load runs, for tests and logs
         self._tasks: set[asyncio.Task] = set()
+        self.on_lost = lambda: None  # gateway/server_watch.py: a request found a model missing in Triton
         self.export = modelgen.ExportOptions(enabled=settings.onnx_export, timeout_s=settings.onnx_export_timeout_s,
                                              tolerance=settings.onnx_export_tolerance, cache_dir=settings.onnx_cache)
 
@@ -80,6 +83,8 @@ class ModelRegistry:
             kind = kind or "sentence_transformer"
             if (name, pretrained or None, kind) not in wanted:
                 wanted.append((name, pretrained or None, kind))
+        if [w for w in wanted if w[0] not in self.builtin]:
+            await self._wait_for_server()
         for name, pretrained, kind in wanted:
             if name in self.builtin:
                 continue
@@ -89,6 +94,17 @@ class ModelRegistry:
             except errors.ApiError as exc:
                 log.error("could not load %s at start: %s", name, exc.message)
 
+    async def _wait_for_server(self) -> None:
+        """A gateway started beside a Triton that is not up yet (the Kustomize pod starts both containers
+        at once) waits for it, bounded by MODEL_WAIT_S, before loading: its models would fail otherwise."""
+        deadline = time.monotonic() + self.settings.model_wait_s
+        while not await self.engine.live():
+            if time.monotonic() > deadline:
+                log.error("Triton is not live after %.0fs (MODEL_WAIT_S): loading the saved models anyway",
+                          self.settings.model_wait_s)
+                return
+            await asyncio.sleep(0.5)
+
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
@@ -97,7 +113,7 @@ class ModelRegistry:
 
     def _save(self) -> None:
         models = [{"model_name": e.key[0], "pretrained": e.key[1], "kind": e.kind}
-                  for e in self.entries.values() if e.state == "ready"]
+                  for e in self.entries.values() if e.state in ("ready", "resyncing")]
         self.state_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.state_file.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(models, indent=1))
@@ -125,6 +141,10 @@ class ModelRegistry:
                 return named[0]
         return None
 
+    def reloading(self) -> list[ModelSpec]:
+        """Held models being loaded again into a restarted Triton server (not served until then)."""
+        return [e.spec for e in self.entries.values() if e.state == "resyncing" and e.spec]
+
     def loaded(self) -> list[ModelSpec]:
         runtime = [e.spec for e in self.entries.values() if e.state == "ready" and e.spec]
         return list(self.builtin.values()) + runtime
@@ -143,6 +163,9 @@ class ModelRegistry:
             return
         if found is None or found.state == "unloading":
             raise errors.NotFound(f"model '{model_name}' is not loaded", param="model", code="model_not_found")
+        if found.state == "resyncing":
+            raise errors.Unavailable(f"model '{found.label}' is being loaded again into the restarted Triton server; "
+                                     "retry later", retry_after=2, code="model_reloading")
         if found.state == "loading":
             await self._wait_ready(found)
         found.in_flight += 1
@@ -150,6 +173,13 @@ class ModelRegistry:
         found.last_used = time.monotonic()
         try:
             yield found.spec
+        except errors.NotFound as exc:
+            if exc.code != "model_not_found" or found.state != "ready":
+                raise
+            # Triton no longer has it: a new server underneath; the watch loads it again
+            self.on_lost()
+            raise errors.Unavailable(f"model '{found.label}' is not in the Triton server now (restarted?); "
+                                     "retry later", retry_after=2, code="model_reloading") from None
         finally:
             found.in_flight -= 1
             if found.in_flight == 0:
@@ -163,8 +193,10 @@ class ModelRegistry:
                                      "(MODEL_WAIT_S); retry later", retry_after=5) from None
 
     # ---- load -----------------------------------------------------------------------------------
-    async def load(self, model_name: str, pretrained: str | None, kind: str) -> tuple[ModelSpec, bool]:
-        """(spec, was_already_loaded). Concurrent loads of one model share one load."""
+    async def load(self, model_name: str, pretrained: str | None, kind: str,
+                   replace: bool = False) -> tuple[ModelSpec, bool]:
+        """(spec, was_already_loaded). Concurrent loads of one model share one load. `replace` on a loaded
+        model: its files are read again and loaded beside it (see `_replace`)."""
         if kind not in KINDS:
             raise errors.BadRequest(f"unknown model kind {kind!r}")
         if model_name in self.builtin:
@@ -179,6 +211,14 @@ class ModelRegistry:
                 raise errors.Conflict(f"model '{entry.label}' is being unloaded; load it again when that is done",
                                       param="model_name")
             existed = entry is not None
+            if replace and entry is not None and entry.state == "ready" and entry.kind == kind:
+                if entry.replacing is None or entry.replacing.done():
+                    entry.replacing = asyncio.get_running_loop().create_task(self._replace(entry))
+                    self._tasks.add(entry.replacing)
+                    entry.replacing.add_done_callback(self._tasks.discard)
+                replacing = entry.replacing
+            else:
+                replacing = None
             if entry is None:
                 entry = self.entries[key] = Entry(key, kind)
                 task = asyncio.get_running_loop().create_task(self._load(entry))
@@ -186,7 +226,68 @@ class ModelRegistry:
                 task.add_done_callback(self._tasks.discard)
         if existed and entry.kind != kind:
             raise errors.Conflict(f"model '{entry.label}' is loaded as a {entry.kind}, not a {kind}", param="model_name")
+        if replacing is not None:
+            return await asyncio.shield(replacing), False
         return await self._wait_ready(entry), existed and entry.state == "ready"
+
+    async def _replace(self, old: Entry) -> ModelSpec:
+        """Model update without downtime: generate the model again under new Triton names (the next
+        generation), load it beside the one serving, switch new requests to it in one step, then unload the
+        old one once its requests in flight are done. A failure leaves the old one serving. (For the
+        moment both count as one model against MAX_LOADED_MODELS.)"""
+        name, pretrained = old.key
+        new = Entry(old.key, old.kind, generation=old.generation + 1)
+        new.ready.add_done_callback(lambda f: f.exception())  # nobody waits on it: retrieved
+        try:
+            self.loads_started += 1
+            source = await asyncio.to_thread(modelgen.resolve_source, name, pretrained, old.kind,
+                                             self.settings.model_roots, self.settings.hub_options())
+            spec = await asyncio.to_thread(modelgen.generate, name, pretrained, old.kind, source, self.repository,
+                                           export=self.export, limits=modelgen.ImageLimits.of(self.settings),
+                                           generation=new.generation)
+            started = time.monotonic()
+            try:
+                for ensemble in spec.ensembles:
+                    await self.engine.load(ensemble)
+            except BaseException:
+                await self._drop_models(spec)
+                raise
+        except errors.ApiError:
+            raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the caller gets an id, the log the details
+            raise errors.internal(exc, f"replacing {old.label}") from None
+        new.spec, new.state = spec, "ready"
+        new.idle.set()
+        new.ready.set_result(spec)
+        async with self._lock:
+            if self.entries.get(old.key) is not old or old.state != "ready":  # unloaded meanwhile
+                await self._drop_models(spec)
+                raise errors.Conflict(f"model '{old.label}' was unloaded while its replacement loaded",
+                                      param="model_name")
+            self.entries[old.key] = new  # the switch: every request from now on gets the new one
+            old.state = "unloading"
+        self._save()
+        log.info("model %s replaced by generation %d (%s, loaded in %.1fs); the old one unloads after its "
+                 "%d requests in flight", old.label, new.generation, ", ".join(spec.ensembles),
+                 time.monotonic() - started, old.in_flight)
+        task = asyncio.get_running_loop().create_task(self._retire(old))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return spec
+
+    async def _retire(self, old: Entry) -> None:
+        await self._unload_entry(old)
+        if old.spec is not None:
+            await asyncio.to_thread(modelgen.remove, old.spec, self.repository)
+
+    async def _drop_models(self, spec: ModelSpec) -> None:
+        for ensemble in spec.ensembles:
+            try:
+                await self.engine.unload(ensemble, unload_dependents=True)
+            except errors.ApiError:
+                pass
 
     async def _load(self, entry: Entry) -> None:
         name, pretrained = entry.key
@@ -275,7 +376,8 @@ class ModelRegistry:
         except BaseException:
             entry.state = "ready"
             raise
-        self.entries.pop(entry.key, None)
+        if self.entries.get(entry.key) is entry:  # not when its replacement holds the key
+            self.entries.pop(entry.key, None)
         self._save()
         log.info("model %s unloaded", entry.label)
 

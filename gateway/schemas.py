@@ -18,11 +18,15 @@ class EmbeddingsRequest(BaseModel):
 
 class LoadSentenceTransformer(BaseModel):
     model_name: str = Field(description="hub id (org/name) or a folder under MODEL_ROOTS")
+    replace: bool = Field(False, description="already loaded: read its files again and switch to them without "
+                                             "downtime (the old one unloads once its requests are done)")
 
 
 class LoadClip(BaseModel):
     model_name: str = Field(description="open_clip name (ViT-B-32), hub id, or a folder under MODEL_ROOTS")
     pretrained: str | None = Field(None, description="open_clip pretrained tag, e.g. laion2b_s34b_b79k")
+    replace: bool = Field(False, description="already loaded: read its files again and switch to them without "
+                                             "downtime (the old one unloads once its requests are done)")
 
 
 class ModelRef(BaseModel):

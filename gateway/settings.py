@@ -61,6 +61,7 @@ class Settings:
     image_url_timeout_s: float = 10.0
     model_wait_s: float = 120.0  # how long a request waits for a model that is being loaded
     request_timeout_s: float = 300.0
+    drain_s: float = 25.0  # on SIGTERM: how long requests in flight may finish (gateway/admission.py)
     supervisor_state_file: Path | None = None  # written by the supervisor beside Triton
     qdrant_url: str | None = None
     # image search collections: points per request, search `limit` maximum, Faiss exact search up to
@@ -152,6 +153,7 @@ class Settings:
             image_url_timeout_s=float(get("IMAGE_URL_TIMEOUT_S", d.image_url_timeout_s)),
             model_wait_s=float(get("MODEL_WAIT_S", d.model_wait_s)),
             request_timeout_s=float(get("REQUEST_TIMEOUT_S", d.request_timeout_s)),
+            drain_s=float(get("DRAIN_S", d.drain_s)),
             supervisor_state_file=Path(state) if state else None,
             qdrant_url=get("QDRANT_URL") or None,
             search_max_points=int(get("SEARCH_MAX_POINTS", d.search_max_points)),

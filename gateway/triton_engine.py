@@ -87,8 +87,11 @@ def translate(exc: InferenceServerException, model: str) -> errors.ApiError:
     status, message = _status(exc), exc.message() or ""
     if "INVALID_ARG" in status:
         return errors.BadRequest(message, code="invalid_input")
-    if "UNAVAILABLE" in status or "RESOURCE_EXHAUSTED" in status or "exceeds maximum queue size" in message:
+    if "RESOURCE_EXHAUSTED" in status or "exceeds maximum queue size" in message.lower():
         return errors.Unavailable(f"model '{model}' is over capacity, retry later", code="overloaded")
+    if "UNAVAILABLE" in status:  # the server is gone or restarting (connection refused, socket closed)
+        return errors.Unavailable(f"the Triton server is not available for '{model}' now (restarting?); retry later",
+                                  retry_after=2, code="server_unavailable")
     if "DEADLINE_EXCEEDED" in status or "timeout" in message.lower():
         return errors.UpstreamTimeout(f"model '{model}' did not answer in time", code="timeout")
     if "NOT_FOUND" in status or "unknown model" in message or "is not found" in message:
@@ -110,6 +113,22 @@ def stream_error(message: str, model: str) -> errors.ApiError:
     return errors.BadRequest(message, code="invalid_input")
 
 
+def channel_args() -> list[tuple[str, int]]:
+    """tritonclient's defaults, plus a short reconnect backoff: gRPC's own grows to ~10 s after 30 s of a
+    restarting server (seen: the gateway noticed the new server 8 s after it was ready)."""
+    from tritonclient.grpc._client import MAX_GRPC_MESSAGE_SIZE, KeepAliveOptions
+
+    keepalive = KeepAliveOptions()
+    return [("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+            ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+            ("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_reconnect_backoff_ms", 250),
+            ("grpc.max_reconnect_backoff_ms", 1000)]
+
+
 @dataclass
 class StreamResponse:
     outputs: dict[str, np.ndarray]  # every output the response carries (empty for an empty final one)
@@ -119,7 +138,7 @@ class StreamResponse:
 class TritonEngine:
     def __init__(self, url: str, request_timeout_s: float = 300.0):
         self.url, self.request_timeout_s = url, request_timeout_s
-        self.client = grpcaio.InferenceServerClient(url)
+        self.client = grpcaio.InferenceServerClient(url, channel_args=channel_args())
         # Off loopback the launcher restricts Triton's model control to holders of this key (supervisor/exposure.py).
         key = os.environ.get("TRITON_ADMIN_KEY")
         self.admin_headers = {"triton-grpc-protocol-triton-admin-key": key} if key else None
@@ -192,6 +211,8 @@ class TritonEngine:
         try:
             await self.client.load_model(model, config=config, headers=self.admin_headers)
         except InferenceServerException as exc:
+            if "UNAVAILABLE" in _status(exc):  # the server went away: the load is retried once it is back
+                raise translate(exc, model) from None
             raise errors.internal(exc, f"loading '{model}'") from None
 
     async def unload(self, model: str, unload_dependents: bool = True) -> None:

@@ -68,20 +68,35 @@ def stream_call(client: grpcclient.InferenceServerClient, model: str, inputs, ti
 
     events: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: events.put((result, error)), headers=headers)
-    answered = False
+    timed_out = False
     try:
-        client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        try:
+            client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        except InferenceServerException:
+            # "the stream is no longer in valid state, the error detail is reported through provided callback":
+            # the callback's error (e.g. UNAVAILABLE while a server restarts) is the real one
+            try:
+                _, error = events.get(timeout=1.0)
+            except queue.Empty:
+                error = None
+            if error is not None:
+                raise error from None
+            raise
         while True:
-            result, error = events.get(timeout=timeout)
-            answered = error is not None or result.get_response().parameters["triton_final_response"].bool_param
+            try:
+                result, error = events.get(timeout=timeout)
+            except queue.Empty:
+                timed_out = True
+                raise
             if error is not None:
                 raise error
-            if answered:
+            if result.get_response().parameters["triton_final_response"].bool_param:
                 return result
     finally:
         # cancel only what is unanswered (a timeout): tritonclient's cancel leaves the gRPC thread that feeds
-        # the request stream blocked forever (one leaked thread per call: 28,000 in a 30-minute soak)
-        client.stop_stream(cancel_requests=not answered)
+        # the request stream blocked forever (one leaked thread per call: 28,000 in a 30-minute soak; and one
+        # per call while a server restarts, when the call fails before any answer)
+        client.stop_stream(cancel_requests=timed_out)
 
 
 @dataclass
@@ -159,6 +174,8 @@ class Load:
             except Exception as exc:  # a client-side failure is an unexpected error too
                 error = f"{type(exc).__name__}: {exc}"
             self.outcomes.append(Outcome(name, start, time.time(), bad, error, pipeline.refusal))
+            if error is not None and not bad:
+                time.sleep(0.1)  # e.g. the server is down or restarting: do not spin on the shared box's cores
         client.close()
 
     def unexpected(self) -> list[Outcome]:

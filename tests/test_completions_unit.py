@@ -64,6 +64,9 @@ class FakeEngine:
 def api():
     app = create_app(Settings(completions_max_n=4, completions_max_sequences=8, completions_max_tokens=64))
     with TestClient(app) as client:
+        # no Triton here: the server watch (which would find none and refuse every request) is stopped
+        client.portal.call(app.state.server_watch.close)
+        app.state.admission.server_problem = None
         app.state.engine = FakeEngine()
         client.engine = app.state.engine
         yield client

@@ -32,6 +32,9 @@ class FakeEngine:
     async def ready(self, model: str) -> bool:
         return True
 
+    async def live(self) -> bool:
+        return True
+
     async def repository_index(self) -> list[dict]:
         """Unloads finish at once here (the registry waits for Triton to report them done)."""
         return []

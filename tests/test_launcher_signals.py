@@ -65,10 +65,12 @@ def test_a_second_ctrl_c_after_the_server_is_gone_still_lets_the_clean_up_run(la
         real_stop(self)
 
     monkeypatch.setattr(Supervisor, "stop", stop_after_a_second_ctrl_c)
-    real_wait = TritonServer.wait
-    monkeypatch.setattr(TritonServer, "wait", lambda self, *a: (pids.append(self.process.pid),
-                                                                  os.kill(os.getpid(), signal.SIGINT),
-                                                                  real_wait(self, *a))[2])
+    from tools.server_keeper import ServerKeeper
+
+    real_watch = ServerKeeper.watch  # the launcher waits on the server through its keeper (issue 26)
+    monkeypatch.setattr(ServerKeeper, "watch", lambda self, *a, **k: (pids.append(self.server.process.pid),
+                                                                        os.kill(os.getpid(), signal.SIGINT),
+                                                                        real_watch(self, *a, **k))[2])
     assert main() == 0  # before the fix: ProcessLookupError out of the handler, and no server.stop()
     assert stops, "the clean-up (server.stop: stubs and /dev/shm regions) did not run"
     with pytest.raises(ProcessLookupError):

@@ -34,3 +34,14 @@ def test_processes_that_are_gone_or_zombies_are_not_left_behind():
     import os
 
     assert soak.alive_after({os.getpid()}, 0.1) == [os.getpid()]
+
+
+def test_the_plan_kills_the_server_too_and_every_stub_kind_in_a_long_run():
+    short = soak.kill_plan(120, 18, 300, soak.KILL_TARGETS, 1)
+    assert [target for _, target in short] == [soak.SERVER, soak.KILL_TARGETS[0]]
+    assert all(18 < t < 110 for t, _ in short)
+    long_run = soak.kill_plan(1800, 120, 300, soak.KILL_TARGETS, 2)
+    targets = [target for _, target in long_run]
+    assert targets.count(soak.SERVER) == 2 and "codegen_generator" in targets and len(targets) == 7
+    assert targets[0] != soak.SERVER and targets[-1] != soak.SERVER  # spread among the stub kills
+    assert all(120 < t < 1790 for t, _ in long_run)

@@ -68,6 +68,18 @@ def process_tree(pid: int) -> list[int]:
     return tree
 
 
+def process_group(pgid: int) -> list[int]:
+    """Every process of a process group: a dead server's stubs, re-parented, are still in the server's."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) == pgid:
+                members.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return members
+
+
 def shm_regions_mapped(pids: list[int]) -> set[str]:
     """The Python-backend shared-memory regions these processes map (a region already unlinked is skipped)."""
     regions = set()
@@ -97,6 +109,7 @@ class TritonServer:
         self.log_file = log_file
         self.extra_args = extra_args or []
         self.process: subprocess.Popen | None = None
+        self.last_exit_code: int | None = None  # the previous process's, once stopped (tools/server_keeper.py)
         self._shm_before: set[str] = set()
         self._shm_seen: set[str] = set()  # regions this server's processes mapped, as of the last note
 
@@ -137,13 +150,18 @@ class TritonServer:
             cmd += [f"--load-model={m}" for m in self.explicit_models]
         return cmd + self.extra_args
 
-    def start(self, timeout: float = 300.0) -> "TritonServer":
+    def start(self, timeout: float = 300.0, append_log: bool = False) -> "TritonServer":
+        """`append_log`: a restart (tools/server_keeper.py) adds to the log instead of replacing it."""
         self._shm_before = set(glob.glob(SHM_GLOB))
         for repository in self.extra_repositories:
             repository.mkdir(parents=True, exist_ok=True)
-        out = open(self.log_file, "wb") if self.log_file else None
+        if self.log_file:
+            Path(self.log_file).parent.mkdir(parents=True, exist_ok=True)
+        out = open(self.log_file, "ab" if append_log else "wb") if self.log_file else None
         self.process = subprocess.Popen(self.command(), env=server_env(), stdout=out, stderr=subprocess.STDOUT,
                                         start_new_session=True)
+        if out is not None:
+            out.close()  # the server holds its own copy
         try:
             self.wait_ready(timeout)
         except BaseException:
@@ -183,6 +201,8 @@ class TritonServer:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
+        # a server that died (kill -9, abort) leaves its stubs re-parented but still in its process group
+        self._shm_seen |= shm_regions_mapped(process_group(self.process.pid))
         try:  # stubs share the server's session: make sure none outlives it
             os.killpg(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -190,6 +210,7 @@ class TritonServer:
         for region in self._shm_seen - self._shm_before:
             Path(region).unlink(missing_ok=True)
         self._shm_seen.clear()
+        self.last_exit_code = self.process.returncode
         self.process = None
 
     def note_regions(self) -> None:
@@ -230,12 +251,18 @@ def main() -> int:
     parser.add_argument("--data-dir", type=Path, default=Path(os.environ.get("DATA_DIR", ROOT / "data")))
     parser.add_argument("--no-gateway", action="store_true", help="serve Triton only")
     parser.add_argument("extra", nargs="*", help="extra tritonserver arguments (after --)")
+    parser.add_argument("--max-restarts", type=int, default=int(os.environ.get("TRITON_MAX_RESTARTS", 5)),
+                        help="restarts of a crashed tritonserver within --restart-window-s before giving up")
+    parser.add_argument("--restart-window-s", type=float, default=float(os.environ.get("TRITON_RESTART_WINDOW_S", 120)))
+    parser.add_argument("--server-log", type=Path, default=None,
+                        help="tritonserver's output (default DATA_DIR/run/tritonserver.log; restarts append)")
     parser.add_argument("--load-models", default=os.environ.get("LOAD_MODELS", ""),
                         help="comma-separated models to load at start (default: every shipped model)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from tools.cpu_notice import cpu_notice, cuda_devices
     from tools.gateway_process import GatewayProcess
+    from tools.server_keeper import CrashLoop, RestartPolicy, ServerKeeper
 
     data_dir = args.data_dir.resolve()
     from supervisor.exposure import admin_key, gateway_keys, is_loopback, restricted_api_args, restriction_required, \
@@ -276,7 +303,7 @@ def main() -> int:
     # Explicit model control: the shipped pipelines load at start; only the gateway loads and unloads others.
     server = TritonServer(bind, args.http_port, args.grpc_port, args.metrics_port, extra_args=args.extra,
                           explicit_models=[m for m in args.load_models.split(",") if m] or shipped_models(), extra_repositories=[data_dir / "triton_models"],
-                          metrics_host=args.host)
+                          metrics_host=args.host, log_file=args.server_log or data_dir / "run" / "tritonserver.log")
     gateway_env = {}
     if "PRELOAD_MODELS" not in os.environ and (ROOT / "demo_models" / "clip-demo").is_dir():
         gateway_env["PRELOAD_MODELS"] = "clip:demo_models/clip-demo"  # the demo CLIP, next to all-MiniLM-L6-v2
@@ -285,64 +312,115 @@ def main() -> int:
 
     signals_seen = 0
     supervisor = None
+    keeper = None
 
     def on_signal(signum, _frame):
-        # Only forward the signal: the main thread is inside Popen.wait(), which must not be re-entered.
+        # Only note and forward: the main thread is inside the keeper's wait, which must not be re-entered.
+        # The gateway drains first (DRAIN_S); the main thread stops Triton once the gateway has exited.
         nonlocal signals_seen
         signals_seen += 1
-        if server.process is None:
+        if server.process is None and keeper is None:
             sys.exit(1)
         if signals_seen == 1:
             print(f"\ntriton: stopping (signal {signum})", flush=True)
             server.note_regions()  # the last look before the server exits
+            if keeper is not None:
+                keeper.request_stop()  # no restart from now on
             if supervisor is not None:
                 supervisor.request_stop()  # stubs exiting on shutdown are not deaths
             if gateway is not None and gateway.process is not None:
                 gateway.process.send_signal(signal.SIGTERM)
-            server.process.send_signal(signal.SIGTERM)
+            elif server.process is not None:
+                server.process.send_signal(signal.SIGTERM)
         else:
-            try:
-                os.killpg(server.process.pid, signal.SIGKILL)
-            except ProcessLookupError:  # the group is gone already: the clean-up below must still run
-                pass
+            for process in (gateway and gateway.process, server.process):
+                if process is not None:
+                    try:
+                        os.killpg(process.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     command = " ".join(server.command())
     print("triton: starting " + (command.replace(key, "<TRITON_ADMIN_KEY>") if key else command), flush=True)
+    print(f"triton: server log {server.log_file}", flush=True)
     notice = cpu_notice(*cuda_devices())  # before Triton's own CUDA/DCGM lines, which it explains
     if notice:
         print(notice, flush=True)
+
+    def new_supervisor() -> Supervisor:
+        # a hung stub stays alive: a canary per BLS front served (only the gateway's own models load later)
+        canaries = {model: canary for model, canary in default_canaries(server.grpc_url, admin_headers(key)).items()
+                    if model in server.explicit_models}
+        return Supervisor(lambda: server.process and server.process.pid, server.grpc_url, state_file, key,
+                          canaries=canaries, canary_period_s=10.0, metrics_url=server.metrics_url).start()
+
+    def on_down(cause: str) -> None:
+        nonlocal supervisor  # the keeper logs the death, the reaping and the restart
+        if supervisor is not None:
+            supervisor.stop()  # its scans would race the reaping; a new one watches the new server
+            supervisor = None
+
+    def on_up() -> None:
+        nonlocal supervisor
+        restart = keeper.restarts[-1]
+        # the gateway loads its runtime models again itself (gateway/server_watch.py): the shipped pipelines
+        # serve meanwhile (measured: loading them all at start kept every pipeline down ~60 s longer)
+        print(f"triton: tritonserver restarted and ready in {restart.start_s:.1f}s "
+              f"({restart.ready_at - restart.died_at:.1f}s after its death)", flush=True)
+        if not keeper.stopping:
+            supervisor = new_supervisor()
+
+    keeper = ServerKeeper(server, RestartPolicy(max_restarts=args.max_restarts, window_s=args.restart_window_s),
+                          on_down=on_down, on_up=on_up)
     try:
-        server.start()
-    except BaseException:
-        if signals_seen:  # Ctrl-C during start-up: stopped as asked (start() stopped it), no traceback
+        keeper.start()  # a server dying while it starts is restarted too
+    except CrashLoop as exc:
+        print(f"triton: giving up: {exc}", flush=True)
+        return 1
+    except Exception:
+        server.stop()
+        if signals_seen:  # Ctrl-C during start-up: stopped as asked, no traceback
             print("triton: stopped during start-up", flush=True)
             return 0
         raise
-    # a hung stub stays alive: a canary per BLS front served (only the gateway's own models load later)
-    canaries = {model: canary for model, canary in default_canaries(server.grpc_url, admin_headers(key)).items()
-                if model in server.explicit_models}
-    supervisor = Supervisor(lambda: server.process and server.process.pid, server.grpc_url, state_file, key,
-                            canaries=canaries, canary_period_s=10.0, metrics_url=server.metrics_url).start()
+    if server.process is None:  # stopped by a signal while starting
+        print("triton: stopped during start-up", flush=True)
+        return 0
+    if supervisor is None:
+        supervisor = new_supervisor()
     try:
         if gateway is not None and not signals_seen:
             gateway.start()
     except BaseException:
         supervisor.stop()
         server.stop()
-        if signals_seen:  # Ctrl-C while the gateway started
+        if signals_seen:  # stopped while the gateway started
             return 0
         raise
     print(f"triton: ready\n  HTTP    http://{server.http_url}\n  gRPC    {server.grpc_url}\n"
           f"  metrics {server.metrics_url}" + (f"\n  gateway {gateway.url} (docs: {gateway.url}/docs)" if gateway else "")
           + "\n  Ctrl-C stops everything", flush=True)
-    code = server.wait()
-    supervisor.stop()
-    if gateway is not None:
-        gateway.stop()
-    server.stop()  # reaps stubs and /dev/shm regions left by a crash
-    return 0 if signals_seen else code
+    code = 0
+    try:
+        code = keeper.watch()
+    except CrashLoop as exc:
+        print(f"triton: giving up: {exc}", flush=True)
+        code = 1
+    finally:
+        if supervisor is not None:
+            supervisor.stop()
+        if gateway is not None:
+            if signals_seen and gateway.process is not None:
+                # the signal asked it to drain: requests in flight finish (DRAIN_S) before Triton stops
+                try:
+                    gateway.process.wait(float(os.environ.get("DRAIN_S", 25)) + 15)
+                except subprocess.TimeoutExpired:
+                    pass
+            gateway.stop()
+        server.stop()  # reaps stubs and /dev/shm regions left by a crash
+    return 0 if signals_seen and code != 1 else code
 
 
 if __name__ == "__main__":

@@ -83,7 +83,8 @@ def _max_seq_length(transformer_dir: Path, source: Path, config: dict) -> int:
     return min(int(length), positions)
 
 
-def _sentence_transformer(model_name: str, source: Path, repository: Path, export: ExportOptions) -> ModelSpec:
+def _sentence_transformer(model_name: str, source: Path, repository: Path, export: ExportOptions,
+                          generation: int = 0) -> ModelSpec:
     modules = _json(source / "modules.json")
     if not modules:
         raise BadRequest(f"'{model_name}' is not a sentence-transformers model (no modules.json)", param="model_name")
@@ -108,7 +109,7 @@ def _sentence_transformer(model_name: str, source: Path, repository: Path, expor
     dimension = int(pooling.get("word_embedding_dimension") or pooling.get("embedding_dimension")
                     or config.get("hidden_size", 0))
     max_tokens = _max_seq_length(transformer_dir, source, config)
-    base = triton_name(model_name, None)
+    base = generation_name(triton_name(model_name, None), generation)
     names = {"tokenizer": f"{base}_tokenizer", "encoder": f"{base}_encoder", "pooling": f"{base}_pooling"}
     tokenizer_files = _tokenizer_files(transformer_dir)
     model_files = _model_files(transformer_dir)
@@ -129,7 +130,7 @@ def _sentence_transformer(model_name: str, source: Path, repository: Path, expor
 
 
 def _clip(model_name: str, pretrained: str | None, source: Path, repository: Path, export: ExportOptions,
-          limits: ImageLimits) -> ModelSpec:
+          limits: ImageLimits, generation: int = 0) -> ModelSpec:
     config = _json(source / "config.json")
     if config.get("model_type") != "clip":
         raise BadRequest(f"'{model_name}' is not a transformers CLIPModel (config.json model_type "
@@ -138,7 +139,7 @@ def _clip(model_name: str, pretrained: str | None, source: Path, repository: Pat
         raise BadRequest(f"'{model_name}' has no preprocessor_config.json (CLIP's image processor)", param="model_name")
     dimension = int(config.get("projection_dim", 512))
     max_tokens = int(config.get("text_config", {}).get("max_position_embeddings", 77))
-    base = triton_name(model_name, pretrained)
+    base = generation_name(triton_name(model_name, pretrained), generation)
     names = {"tokenizer": f"{base}_tokenizer", "preprocess": f"{base}_image_preprocess", "encoder": f"{base}_encoder"}
     tokenizer_files, model_files = _tokenizer_files(source), _model_files(source)
     graphs = export_graphs("clip", source, list(model_files.values()), repository, export)
@@ -161,17 +162,24 @@ def _clip(model_name: str, pretrained: str | None, source: Path, repository: Pat
                      max_batch_size=CLIP_MAX_BATCH, runtime=graphs.runtime)
 
 
+def generation_name(base: str, generation: int) -> str:
+    """Generation 0 is the plain name; a replacement loaded beside it (registry `replace`) gets `_g<n>`."""
+    return f"{base}_g{generation}" if generation else base
+
+
 def generate(model_name: str, pretrained: str | None, kind: str, source: Path, repository: Path,
-             export: ExportOptions | None = None, limits: ImageLimits | None = None) -> ModelSpec:
+             export: ExportOptions | None = None, limits: ImageLimits | None = None,
+             generation: int = 0) -> ModelSpec:
     """Write every folder the model needs (replacing earlier ones of the same name) and describe it.
     `export`: the ONNX export's settings (default: on, cache beside `repository`); `limits`: the
-    gateway's image limits, written into the image stage's config (default: Settings' defaults)."""
+    gateway's image limits, written into the image stage's config (default: Settings' defaults).
+    `generation` > 0: other Triton names, so that a new version loads beside the one serving."""
     repository.mkdir(parents=True, exist_ok=True)
     export = export or ExportOptions()
     if kind == "sentence_transformer":
-        return _sentence_transformer(model_name, source, repository, export)
+        return _sentence_transformer(model_name, source, repository, export, generation)
     if kind == "clip":
-        return _clip(model_name, pretrained, source, repository, export, limits or ImageLimits.of())
+        return _clip(model_name, pretrained, source, repository, export, limits or ImageLimits.of(), generation)
     raise ValueError(f"unknown model kind {kind!r}")
 
 

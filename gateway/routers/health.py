@@ -1,5 +1,6 @@
-"""GET /health: 200 only when Triton is live, the supervisor reports no unhealthy model, and every
-model the gateway serves is ready; otherwise 503 naming what is wrong."""
+"""GET /health: 200 only when Triton is live, the supervisor reports no unhealthy model, every model the
+gateway serves is ready, none is being reloaded into a restarted server and the gateway is not draining;
+otherwise 503 naming what is wrong."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
@@ -20,9 +21,15 @@ async def served_models(request: Request) -> list[str]:
 async def health(request: Request):
     engine, settings = request.app.state.engine, request.app.state.settings
     problems: dict[str, str] = {}
-    if not await engine.live():
+    admission = getattr(request.app.state, "admission", None)
+    if admission is not None and admission.draining:  # a load balancer stops sending first
+        problems["gateway"] = "shutting down (draining requests in flight)"
+    watch = getattr(request.app.state, "server_watch", None)
+    if watch is not None:  # the server down, or models being loaded again into a restarted one
+        problems.update(watch.problems())
+    if "triton" not in problems and not await engine.live():
         problems["triton"] = "Triton server is not live"
-    else:
+    elif "triton" not in problems:
         if settings.supervisor_state_file:
             problems.update(unhealthy_models(settings.supervisor_state_file))
         for model in await served_models(request):

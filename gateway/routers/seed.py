@@ -27,20 +27,20 @@ def _label(name: str, pretrained: str | None) -> str:
     return name + (f" ({pretrained})" if pretrained else "")
 
 
-async def _load(request: Request, name: str, pretrained: str | None, kind: str) -> dict:
-    spec, already = await request.app.state.models.load(name, pretrained, kind)
-    verb = "is already loaded" if already else "loaded"
+async def _load(request: Request, name: str, pretrained: str | None, kind: str, replace: bool = False) -> dict:
+    spec, already = await request.app.state.models.load(name, pretrained, kind, replace=replace)
+    verb = "is already loaded" if already else ("replaced" if replace else "loaded")
     return {"message": f"Model {_label(name, pretrained)} {verb}.", "model": describe(spec)}
 
 
 @router.post("/load_sentence_transformer_model")
 async def load_sentence_transformer_model(body: LoadSentenceTransformer, request: Request):
-    return await _load(request, body.model_name, None, "sentence_transformer")
+    return await _load(request, body.model_name, None, "sentence_transformer", body.replace)
 
 
 @router.post("/load_clip_model")
 async def load_clip_model(body: LoadClip, request: Request):
-    return await _load(request, body.model_name, body.pretrained, "clip")
+    return await _load(request, body.model_name, body.pretrained, "clip", body.replace)
 
 
 @router.post("/unload_model")
@@ -57,7 +57,10 @@ async def delete_model(body: ModelRef, request: Request):
 
 @router.get("/loaded_models")
 async def loaded_models(request: Request):
-    return {"models": [describe(spec) for spec in request.app.state.models.loaded()]}
+    registry = request.app.state.models
+    # "reloading": held, but being loaded again into a restarted Triton server (503 until then)
+    return {"models": [describe(spec) for spec in registry.loaded()],
+            "reloading": [describe(spec) for spec in registry.reloading()]}
 
 
 @router.post("/infer")
