@@ -175,9 +175,12 @@ def test_waiting_for_a_row_canaries_under_a_full_generator_and_an_old_front_with
         for canary in (StreamCanary(server.grpc_url, "codegen_stream", None, timeout_s=1.0),
                        UnaryCanary(server.grpc_url, "codegen_collect", None, timeout_s=1.0)):
             started = time.monotonic()
+            held = not all(out for _, out in holders)  # a holder still waits: the row is taken
             canary()  # raised before: a timeout was a hang
-            assert canary.overloaded == 1, (canary.model, canary.refusals, time.monotonic() - started,
-                                            [out for _, out in holders], stream)
+            # a holder may end early (a stop sequence) and free the row: then the canary is simply answered
+            if held and not all(out for _, out in holders):
+                assert canary.overloaded == 1, (canary.model, canary.refusals, time.monotonic() - started,
+                                                [out for _, out in holders], stream)
         # item 5: reload the front under the waiting stream; the old stub (idle CPU) must outlive the stream
         supervisor.orphans.idle_s = 0.5  # scaled down: the CPU rule alone would kill it at once
         before = set(of_model(scan_stub_pids(server.process.pid), "codegen_stream"))
