@@ -8,7 +8,11 @@ METRICS_PORT ?= 8002
 TRITON_IMAGE ?= triton-pipelines:latest
 export MODEL_PROFILE HOST HTTP_PORT GRPC_PORT METRICS_PORT
 
-.PHONY: setup model triton test unit bench soak sweep triton-docker clean deploy-check
+# The demo models again from scratch, even when their training code is unchanged (same bytes: fixed seeds, one thread).
+train-demo: setup
+	@DEMO_RETRAIN=1 $(PY) build/build_models.py --profile demo
+
+.PHONY: setup model train-demo triton test unit bench soak sweep triton-docker clean deploy-check
 
 setup:
 	@bash tools/setup.sh
