@@ -8,10 +8,6 @@ METRICS_PORT ?= 8002
 TRITON_IMAGE ?= triton-pipelines:latest
 export MODEL_PROFILE HOST HTTP_PORT GRPC_PORT METRICS_PORT
 
-# The demo models again from scratch, even when their training code is unchanged (same bytes: fixed seeds, one thread).
-train-demo: setup
-	@DEMO_RETRAIN=1 $(PY) build/build_models.py --profile demo
-
 .PHONY: setup model train-demo triton test unit bench soak sweep triton-docker clean deploy-check
 
 setup:
@@ -19,6 +15,10 @@ setup:
 
 model: setup
 	@$(PY) build/build_models.py --profile $(MODEL_PROFILE)
+
+# The demo models again from scratch, even when their training code is unchanged (same bytes: fixed seeds, one thread).
+train-demo: setup
+	@DEMO_RETRAIN=1 $(PY) build/build_models.py --profile demo
 
 triton: setup model
 	@exec $(PY) tools/triton_launcher.py
