@@ -14,7 +14,13 @@ def _train_food(dest):
     train_food.train(dest, per_class=2, epochs=1)
 
 
-TRAINERS = {"food": _train_food}
+def _train_ner(dest):
+    from build import train_ner
+
+    train_ner.train(dest, sentences=16, epochs=1)
+
+
+TRAINERS = {"food": _train_food, "ner": _train_ner}
 
 
 @pytest.mark.parametrize("name", sorted(TRAINERS))
