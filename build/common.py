@@ -122,6 +122,13 @@ def training_stamp(sources) -> str:
     return h.hexdigest()
 
 
+def trained_is_current(module) -> bool:
+    """Whether a build/train_*.py module's model is trained with its current code (and no retrain asked)."""
+    stamp_file = TRAINED_DIR / module.NAME / ".stamp"
+    return (not os.environ.get(RETRAIN_ENV) and stamp_file.exists()
+            and stamp_file.read_text() == training_stamp(list(module.SOURCES) + [Path(__file__)]))
+
+
 def trained(name: str, train, sources) -> Path:
     """.artifacts/trained/<name>/, filled by train(folder) on one thread with fixed seeds, or reused
     as it is when the stamp of `sources` is the one it was trained with (and DEMO_RETRAIN is unset)."""

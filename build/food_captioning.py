@@ -46,7 +46,7 @@ def demo_classifier():
 
     from build import train_food
 
-    folder = trained("food-classifier", train_food.train, train_food.SOURCES)
+    folder = trained(train_food.NAME, train_food.train, train_food.SOURCES)
     return (ResNetForImageClassification.from_pretrained(folder).eval(),
             ConvNextImageProcessor.from_pretrained(folder))
 

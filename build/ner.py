@@ -4,6 +4,7 @@
 - .artifacts/ner/ner-tagger.pt: the flair model itself, which `SequenceTagger.load` reads (the tests and the
   bench compare against it). A pickle the server never needs, so it stays out of model_repository/.
 - ner_decoder/1/crf.json: tag names and the CRF transition matrix.
+demo: the tagger's layers above its fixed random char LMs are trained here (build/train_ner.py).
 """
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ def load_tagger(profile: str, dest):
     else:  # trained by build/train_ner.py, reused while its code is unchanged
         from build import train_ner
 
-        shutil.copyfile(trained("ner-tagger", train_ner.train, train_ner.SOURCES) / TAGGER_FILE, dest / TAGGER_FILE)
+        shutil.copyfile(trained(train_ner.NAME, train_ner.train, train_ner.SOURCES) / TAGGER_FILE, dest / TAGGER_FILE)
     return SequenceTagger.load(dest / TAGGER_FILE).eval()
 
 

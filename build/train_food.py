@@ -10,6 +10,7 @@ from build.food_drawings import LABELS, dataset
 SEED = 1234
 TRAIN_SEED, HELD_OUT_SEED = 11, 12  # picture seeds: training set, held-out set
 PER_CLASS, EPOCHS, BATCH, LR = 60, 3, 33, 3e-3
+NAME = "food-classifier"  # .artifacts/trained/<NAME>/
 SOURCES = [Path(__file__), Path(__file__).with_name("food_drawings.py")]
 
 

@@ -13,6 +13,7 @@ TRAIN_SEED, HELD_OUT_SEED = 21, 22  # sentence seeds: training set, held-out set
 # Small batches: many more updates for the same arithmetic (measured: batch 32 learned 4x slower per epoch).
 SENTENCES, EPOCHS, BATCH, LR = 800, 3, 8, 2e-3
 LOCKED_DROPOUT = 0.1  # during training only (flair's default 0.5 slowed learning beyond the budget)
+NAME = "ner-tagger"  # .artifacts/trained/<NAME>/
 SOURCES = [Path(__file__), Path(__file__).with_name("ner_corpus.py"), Path(__file__).with_name("ner.py")]
 
 

@@ -20,7 +20,19 @@ def _train_ner(dest):
     train_ner.train(dest, sentences=16, epochs=1)
 
 
-TRAINERS = {"food": _train_food, "ner": _train_ner}
+def _train_clip(dest):
+    from build import train_clip
+
+    train_clip.train(dest, pool=8, steps=2)
+
+
+def _train_codegen(dest):
+    from build import train_codegen
+
+    train_codegen.train(dest, steps=2)
+
+
+TRAINERS = {"food": _train_food, "ner": _train_ner, "clip": _train_clip, "codegen": _train_codegen}
 
 
 @pytest.mark.parametrize("name", sorted(TRAINERS))
