@@ -18,7 +18,7 @@ from build.common import PROFILES, RETRAIN_ENV, trained, use_repository  # noqa:
 PIPELINES = ["text_embedding", "ner", "codegen", "food_captioning", "embedding_demo"]
 # The demo models each pipeline trains (build/train_*.py), longest first.
 TRAINED_BY = {"ner": ["train_ner"], "codegen": ["train_codegen"], "embedding_demo": ["train_clip"],
-              "food_captioning": ["train_food"]}
+              "food_captioning": ["train_blip", "train_food"]}
 TRAIN_WORKERS = 2  # one torch thread each: byte-identical results, both cores busy
 
 

@@ -9,7 +9,7 @@ those classes (any case), or be the generic LABEL_0..LABEL_10 in Food-11's class
 processor must be one the numpy preprocess stage reproduces (ViT, ConvNeXt/ResNet, MobileNet V1/V2: the
 build checks). A torchvision fine-tune (as in the Food-11 lab) must first be ported to such a model.
 MODEL_PROFILE=demo: a small ResNet trained here on procedural pictures of the 11 classes
-(build/food_drawings.py) and a small random BLIP, with fixed seeds.
+(build/food_drawings.py) and a small BLIP trained here on scenes of shapes (build/train_blip.py).
 """
 from __future__ import annotations
 
@@ -97,6 +97,17 @@ def demo_captioner():
     return model, processor
 
 
+def trained_captioner():
+    """The BLIP trained on scenes by build/train_blip.py, reused while its training code is unchanged."""
+    from transformers import BlipForConditionalGeneration, BlipProcessor
+
+    from build import train_blip
+
+    folder = trained(train_blip.NAME, train_blip.train, train_blip.SOURCES)
+    return (BlipForConditionalGeneration.from_pretrained(folder).eval(),
+            BlipProcessor.from_pretrained(folder, use_fast=False))
+
+
 def hub_captioner():
     from transformers import BlipForConditionalGeneration, BlipProcessor
 
@@ -117,7 +128,7 @@ def build(profile: str) -> None:
         print(f"  model.onnx: max abs difference of the logits to torch {diff:.1e}", flush=True)
     with progress.step(f"captioner -> food_captioning_captioner/1/ ({profile})"):
         captioner_dir = version_dir("food_captioning_captioner")
-        model, processor = demo_captioner() if profile == "demo" else hub_captioner()
+        model, processor = trained_captioner() if profile == "demo" else hub_captioner()
         model.save_pretrained(captioner_dir)
         processor.save_pretrained(captioner_dir)
     with progress.step("captioner -> food_captioning_captioner/1/{vision,decoder}.onnx (ONNX Runtime path)"):

@@ -32,7 +32,13 @@ def _train_codegen(dest):
     train_codegen.train(dest, steps=2)
 
 
-TRAINERS = {"food": _train_food, "ner": _train_ner, "clip": _train_clip, "codegen": _train_codegen}
+def _train_blip(dest):
+    from build import train_blip
+
+    train_blip.train(dest, pool=4, steps=2)
+
+
+TRAINERS = {"blip": _train_blip, "food": _train_food, "ner": _train_ner, "clip": _train_clip, "codegen": _train_codegen}
 
 
 @pytest.mark.parametrize("name", sorted(TRAINERS))
