@@ -8,13 +8,17 @@ METRICS_PORT ?= 8002
 TRITON_IMAGE ?= triton-pipelines:latest
 export MODEL_PROFILE HOST HTTP_PORT GRPC_PORT METRICS_PORT
 
-.PHONY: setup model triton test unit bench soak sweep triton-docker clean deploy-check docs fuzz
+.PHONY: setup model train-demo triton test unit bench soak sweep triton-docker clean deploy-check docs fuzz
 
 setup:
 	@bash tools/setup.sh
 
 model: setup
 	@$(PY) build/build_models.py --profile $(MODEL_PROFILE)
+
+# The demo models again from scratch, even when their training code is unchanged (same bytes: fixed seeds, one thread).
+train-demo: setup
+	@DEMO_RETRAIN=1 $(PY) build/build_models.py --profile demo
 
 triton: setup model
 	@exec $(PY) tools/triton_launcher.py

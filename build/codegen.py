@@ -1,8 +1,9 @@
 """Artifacts of the codegen pipelines (`codegen` unary, `codegen_stream` streamed): a GPT-J causal LM
 plus its tokenizer for the generator, and tokenizer.json for the tokenizer stages.
 
-demo: a small random GPT-J (context 1024) and a byte-level BPE trained here on the Python standard
-library's top-level modules; fixed seeds and one training thread make re-runs byte-identical.
+demo: a small GPT-J (context 1024) and a byte-level BPE, both trained here on the Python standard
+library's top-level modules (build/train_codegen.py); fixed seeds and one training thread make re-runs
+byte-identical.
 hub: moyix/codegen-350M-mono-gptj with the Salesforce/codegen-350M-mono tokenizer.
 
 CODEGEN_DEMO_SIZE=350m gives the demo GPT-J codegen-350M-mono-gptj's architecture (random weights,
@@ -14,7 +15,7 @@ import os
 import sysconfig
 from pathlib import Path
 
-from build.common import Progress, seed_everything, version_dir
+from build.common import Progress, seed_everything, trained, version_dir
 
 HUB_MODEL = "moyix/codegen-350M-mono-gptj"
 HUB_TOKENIZER = "Salesforce/codegen-350M-mono"
@@ -33,7 +34,8 @@ def stdlib_sources() -> list[Path]:
     return sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
 
 
-def train_demo_tokenizer():
+def train_demo_tokenizer(texts=None):
+    """Byte-level BPE trained on `texts` (default: the standard library's top-level modules as they are)."""
     os.environ["RAYON_NUM_THREADS"] = "1"  # the BPE trainer's merge ties must not depend on thread timing
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -43,8 +45,9 @@ def train_demo_tokenizer():
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=DEMO_VOCAB, special_tokens=[EOS], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator((p.read_text(encoding="utf-8", errors="replace") for p in stdlib_sources()),
-                                  trainer=trainer)
+    if texts is None:
+        texts = [p.read_text(encoding="utf-8", errors="replace") for p in stdlib_sources()]
+    tokenizer.train_from_iterator(texts, trainer=trainer)
     # without model_input_names it would emit token_type_ids, which GPT-J embeds at every position
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, model_input_names=["input_ids", "attention_mask"],
                                    bos_token=EOS, eos_token=EOS, unk_token=EOS, pad_token=EOS,
@@ -92,6 +95,14 @@ def build(profile: str) -> None:
     with progress.step(f"tokenizer + GPT-J ({label})"):
         if profile == "hub":
             tokenizer, model = hub_tokenizer_and_model()
+        elif demo_size() == "small":  # trained by build/train_codegen.py, reused while its code is unchanged
+            from transformers import GPTJForCausalLM, PreTrainedTokenizerFast
+
+            from build import train_codegen
+
+            folder = trained(train_codegen.NAME, train_codegen.train, train_codegen.SOURCES)
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
+            model = GPTJForCausalLM.from_pretrained(folder).eval()
         else:
             tokenizer = train_demo_tokenizer()
             model = demo_model(tokenizer, demo_size())

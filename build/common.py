@@ -14,6 +14,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPOSITORY = ROOT / "model_repository"
 PROFILES = ("demo", "hub")
+# Demo models trained by `make model`, one folder each, reused while their training code is unchanged.
+TRAINED_DIR = ROOT / ".artifacts" / "trained"
+RETRAIN_ENV = "DEMO_RETRAIN"  # set (as `make train-demo` does) to train again even when the stamp matches
 _output = {"repository": MODEL_REPOSITORY}
 
 
@@ -86,3 +89,81 @@ class Progress:
         yield
         took = time.monotonic() - start
         print(("\r" if self.interactive else "") + f"{prefix} done ({took:.1f}s)", flush=True)
+
+
+@contextmanager
+def single_thread():
+    """One torch thread: float sums then run in one order, so training gives the same bytes on every run
+    and every machine (more threads split reductions differently)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def training_stamp(sources) -> str:
+    """What a trained model depends on: its training code (and the data generators it imports) and the
+    versions of the libraries doing the arithmetic."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    h = hashlib.sha256()
+    for path in sorted(Path(p).resolve() for p in sources):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    for package in ("torch", "transformers", "tokenizers", "flair", "numpy", "pillow", "faker"):
+        try:
+            h.update(f"{package}=={version(package)}".encode())
+        except PackageNotFoundError:
+            h.update(package.encode())
+    return h.hexdigest()
+
+
+def trained_is_current(module) -> bool:
+    """Whether a build/train_*.py module's model is trained with its current code (and no retrain asked)."""
+    stamp_file = TRAINED_DIR / module.NAME / ".stamp"
+    return (not os.environ.get(RETRAIN_ENV) and stamp_file.exists()
+            and stamp_file.read_text() == training_stamp(list(module.SOURCES) + [Path(__file__)]))
+
+
+def trained(name: str, train, sources) -> Path:
+    """.artifacts/trained/<name>/, filled by train(folder) on one thread with fixed seeds, or reused
+    as it is when the stamp of `sources` is the one it was trained with (and DEMO_RETRAIN is unset)."""
+    dest = TRAINED_DIR / name
+    stamp = training_stamp(list(sources) + [Path(__file__)])
+    stamp_file = dest / ".stamp"
+    if not os.environ.get(RETRAIN_ENV) and stamp_file.exists() and stamp_file.read_text() == stamp:
+        print(f"  {name}: trained model reused (training code unchanged; {RETRAIN_ENV}=1 trains again)", flush=True)
+        return dest
+    work = dest.with_name(name + ".partial")
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    start = time.monotonic()
+    with single_thread():
+        train(work)
+    stamp_file = work / ".stamp"
+    stamp_file.write_text(stamp)
+    if dest.exists():
+        shutil.rmtree(dest)
+    work.rename(dest)
+    print(f"  {name}: trained in {time.monotonic() - start:.0f}s -> {dest}/", flush=True)
+    return dest
+
+
+class TrainLog:
+    """Training progress: a line about every tenth of the steps (and the last), with the running loss."""
+
+    def __init__(self, name: str, total: int):
+        self.name, self.total, self.start, self.losses = name, total, time.monotonic(), []
+        self.every = max(1, total // 10)
+
+    def step(self, step: int, loss: float) -> None:
+        self.losses.append(loss)
+        if (step + 1) % self.every == 0 or step + 1 == self.total:
+            recent = self.losses[-self.every:]
+            print(f"  {self.name}: step {step + 1}/{self.total}, loss {sum(recent) / len(recent):.3f}, "
+                  f"{time.monotonic() - self.start:.0f}s", flush=True)

@@ -1,7 +1,8 @@
 """Demo models for the gateway's runtime loading, built offline with fixed seeds (`make model`):
 
-- demo_models/clip-demo: a small transformers CLIPModel (text and vision towers, random weights) with
-  its own CLIP tokenizer (byte-level symbols, a few merges learned here) and CLIPImageProcessor config;
+- demo_models/clip-demo: a small transformers CLIPModel (text and vision towers) trained contrastively on
+  scenes of shapes and their captions (build/train_clip.py), with its own CLIP tokenizer (byte-level
+  symbols, a few merges learned here) and CLIPImageProcessor config;
   load it with POST /load_clip_model {"model_name": "demo_models/clip-demo"}.
 - demo_models/st-cls-demo: a small sentence-transformers model (BERT, CLS pooling, Normalize) with
   all-MiniLM-L6-v2's WordPiece vocabulary; POST /load_sentence_transformer_model.
@@ -16,14 +17,16 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from build.common import Progress, demo_models_dir, seed_everything
+from build.common import Progress, demo_models_dir, seed_everything, trained
 
 CLIP_NAME, ST_CLS_NAME = "clip-demo", "st-cls-demo"
 SEED = 20261123
 CLIP_IMAGE_SIZE = 64
 CORPUS = ("a photo of a cat . a photo of a dog . a red square on a blue background . green and yellow "
           "stripes . a picture of food . the quick brown fox jumps over the lazy dog . pizza pasta sushi "
-          "salad soup bread rice noodles dessert fruit vegetables meat seafood egg dairy").split()
+          "salad soup bread rice noodles dessert fruit vegetables meat seafood egg dairy . a red circle , a green square "
+          "and a blue triangle on a white background . a yellow circle and a black triangle on a red background . "
+          "a white square on a green background . a black circle on a yellow background").split()
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -71,7 +74,8 @@ def clip_vocab(merge_count: int = 64) -> tuple[dict[str, int], list[tuple[str, s
     return {token: i for i, token in enumerate(vocab_list)}, merges
 
 
-def build_clip(dest: Path) -> None:
+def untrained_clip():
+    """The demo CLIP's architecture, tokenizer and image processor, with fixed-seed random weights."""
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPTokenizerFast
 
     vocab, merges = clip_vocab()
@@ -91,9 +95,17 @@ def build_clip(dest: Path) -> None:
     model = CLIPModel(config).eval()
     processor = CLIPImageProcessor(size={"shortest_edge": CLIP_IMAGE_SIZE},
                                    crop_size={"height": CLIP_IMAGE_SIZE, "width": CLIP_IMAGE_SIZE})
-    model.save_pretrained(str(dest))
-    tokenizer.save_pretrained(str(dest))
-    processor.save_pretrained(str(dest))
+    return model, tokenizer, processor
+
+
+def build_clip(dest: Path) -> None:
+    """The CLIP trained on scenes by build/train_clip.py, reused while its training code is unchanged."""
+    from build import train_clip
+
+    folder = trained(train_clip.NAME, train_clip.train, train_clip.SOURCES)
+    for item in sorted(folder.iterdir()):
+        if item.is_file() and not item.name.startswith("."):
+            shutil.copyfile(item, dest / item.name)
 
 
 def build_st_cls(dest: Path) -> None:

@@ -8,7 +8,8 @@ FOOD11_CLASSIFIER: a hub id or a local folder holding a transformers image-class
 those classes (any case), or be the generic LABEL_0..LABEL_10 in Food-11's class-index order; its image
 processor must be one the numpy preprocess stage reproduces (ViT, ConvNeXt/ResNet, MobileNet V1/V2: the
 build checks). A torchvision fine-tune (as in the Food-11 lab) must first be ported to such a model.
-MODEL_PROFILE=demo: small random models of the same classes (ResNet, BLIP) with fixed seeds.
+MODEL_PROFILE=demo: a small ResNet trained here on procedural pictures of the 11 classes
+(build/food_drawings.py) and a small BLIP trained here on scenes of shapes (build/train_blip.py).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from build.common import ROOT, Progress, seed_everything, version_dir
+from build.common import ROOT, Progress, seed_everything, trained, version_dir
 from build.onnx_export import export_blip_captioner, export_image_classifier
 
 BLIP_HUB_ID = "Salesforce/blip-image-captioning-base"
@@ -38,45 +39,16 @@ def food11_id2label(id2label: dict[int, str]) -> dict[int, str]:
     return {i: canonical[label.lower()] for i, label in zip(sorted(id2label), labels)}
 
 
-def calibration_images(count: int = 32):
-    """Seeded synthetic photos: a background colour with a differently coloured blob."""
-    import numpy as np
-    from PIL import Image, ImageDraw
-
-    rng = np.random.default_rng(SEED)
-    for _ in range(count):
-        width, height = (int(v) for v in rng.integers(64, 320, 2))
-        image = Image.new("RGB", (width, height), tuple(int(v) for v in rng.integers(0, 256, 3)))
-        box = sorted(int(v) for v in rng.integers(0, width, 2)) + sorted(int(v) for v in rng.integers(0, height, 2))
-        colour = tuple(int(v) for v in rng.integers(0, 256, 3))
-        ImageDraw.Draw(image).ellipse((box[0], box[2], box[1], box[3]), fill=colour)
-        yield image
-
-
 def demo_classifier():
-    import torch
-    from transformers import ConvNextImageProcessor, ResNetConfig, ResNetForImageClassification
-    from transformers.image_utils import PILImageResampling
+    """The small ResNet trained on procedural Food-11 pictures (build/train_food.py), reused from
+    .artifacts/trained/ while its training code is unchanged."""
+    from transformers import ConvNextImageProcessor, ResNetForImageClassification
 
-    seed_everything(SEED)
-    config = ResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1],
-                          layer_type="basic", num_labels=len(FOOD11_LABELS),
-                          id2label=dict(enumerate(FOOD11_LABELS)),
-                          label2id={name: i for i, name in enumerate(FOOD11_LABELS)})
-    model = ResNetForImageClassification(config).eval()
-    # What microsoft/resnet-50 ships: shortest edge to 224/0.875, centre crop 224, ImageNet normalization.
-    processor = ConvNextImageProcessor(size={"shortest_edge": 224}, crop_pct=0.875,
-                                       resample=PILImageResampling.BICUBIC)
-    # Untrained pooled features share a large common offset, so one class would win for every image:
-    # centre the head on the features' mean over synthetic photos and sharpen it, so the prediction
-    # follows the image. Rounded so the saved bytes do not depend on float summation order.
-    with torch.inference_mode():
-        pixels = processor(images=list(calibration_images()), return_tensors="pt").pixel_values
-        features = model.resnet(pixels).pooler_output.flatten(1)
-        head = model.classifier[-1]
-        head.weight.mul_(10.0)
-        head.bias.copy_(torch.round(-(features.mean(0) @ head.weight.T), decimals=3))
-    return model, processor
+    from build import train_food
+
+    folder = trained(train_food.NAME, train_food.train, train_food.SOURCES)
+    return (ResNetForImageClassification.from_pretrained(folder).eval(),
+            ConvNextImageProcessor.from_pretrained(folder))
 
 
 def hub_classifier():
@@ -125,6 +97,17 @@ def demo_captioner():
     return model, processor
 
 
+def trained_captioner():
+    """The BLIP trained on scenes by build/train_blip.py, reused while its training code is unchanged."""
+    from transformers import BlipForConditionalGeneration, BlipProcessor
+
+    from build import train_blip
+
+    folder = trained(train_blip.NAME, train_blip.train, train_blip.SOURCES)
+    return (BlipForConditionalGeneration.from_pretrained(folder).eval(),
+            BlipProcessor.from_pretrained(folder, use_fast=False))
+
+
 def hub_captioner():
     from transformers import BlipForConditionalGeneration, BlipProcessor
 
@@ -145,7 +128,7 @@ def build(profile: str) -> None:
         print(f"  model.onnx: max abs difference of the logits to torch {diff:.1e}", flush=True)
     with progress.step(f"captioner -> food_captioning_captioner/1/ ({profile})"):
         captioner_dir = version_dir("food_captioning_captioner")
-        model, processor = demo_captioner() if profile == "demo" else hub_captioner()
+        model, processor = trained_captioner() if profile == "demo" else hub_captioner()
         model.save_pretrained(captioner_dir)
         processor.save_pretrained(captioner_dir)
     with progress.step("captioner -> food_captioning_captioner/1/{vision,decoder}.onnx (ONNX Runtime path)"):

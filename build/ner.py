@@ -4,16 +4,18 @@
 - .artifacts/ner/ner-tagger.pt: the flair model itself, which `SequenceTagger.load` reads (the tests and the
   bench compare against it). A pickle the server never needs, so it stays out of model_repository/.
 - ner_decoder/1/crf.json: tag names and the CRF transition matrix.
+demo: the tagger's layers above its fixed random char LMs are trained here (build/train_ner.py).
 """
 from __future__ import annotations
 
 import json
+import shutil
 import string
 
 from pathlib import Path
 
 from build import common
-from build.common import ROOT, Progress, seed_everything, version_dir, write_json
+from build.common import ROOT, Progress, seed_everything, trained, version_dir, write_json
 
 HUB_ID = "flair/ner-english-fast"
 TAGGER_FILE = "ner-tagger.pt"
@@ -26,12 +28,12 @@ def reference_dir() -> Path:
     if repository == common.MODEL_REPOSITORY:
         return FLAIR_TAGGER.parent
     return repository.with_name(repository.name + "_artifacts") / "ner"
-SEED = 2  # of the seeds tried, the one that tags the client example ("George Washington went to ...") best
+SEED = 2  # of the char LMs and the tagger's initial weights
 ENTITY_TYPES = ("PER", "LOC", "ORG", "MISC")
 # ner-english-fast's architecture: news-forward/backward-fast char LMs (hidden 1024, embedding 100,
 # 1 layer), BiLSTM 256, CRF over BIOES tags.
 LM_HIDDEN, LM_EMBEDDING, TAGGER_HIDDEN = 1024, 100, 256
-CHAR_EMBEDDING_SCALE, EMISSION_SCALE, O_BIAS = 10.0, 60.0, 2.0
+CHAR_EMBEDDING_SCALE = 10.0
 # The char LSTMs' input and recurrent weights are widened apart: a recurrent scale of 6 made the LMs chaotic
 # on natural text (float64 and float32 torch drifted from 1e-6 to 1.3 over 700 characters, so no runtime but
 # flair's own kernel could match them); at 3 the drift stays at ~3e-7 over the same text, as a trained LM's.
@@ -50,35 +52,9 @@ def character_dictionary():
     return chars
 
 
-def bias_for_entities(tagger) -> None:
-    """Random weights alone tag nearly every token the same way. Make a usable demo, deterministically:
-    scale the emission weights up so tags vary from token to token, lean the bias towards O, and give the
-    CRF the BIOES grammar (allowed transitions +2, forbidden -4), so ordinary sentences get a few spans of
-    several types, as a trained model would."""
-    import torch
-
-    tags = tagger.label_dictionary.get_items()
-    with torch.no_grad():
-        tagger.linear.weight.mul_(EMISSION_SCALE)
-        tagger.linear.bias.zero_()
-        tagger.linear.bias[tags.index("O")] = O_BIAS
-        trans = tagger.crf.transitions  # transitions[to, from]
-        for to, to_tag in enumerate(tags):
-            for frm, from_tag in enumerate(tags):
-                if to_tag in ("<START>",) or from_tag == "<STOP>":
-                    continue  # kept at -10000 by flair's CRF
-                trans[to, frm] = 2.0 if bioes_allowed(from_tag, to_tag) else -4.0
-
-
-def bioes_allowed(from_tag: str, to_tag: str) -> bool:
-    inside = lambda t: t[:2] in ("I-", "E-")  # noqa: E731
-    opened = from_tag[:2] in ("B-", "I-")
-    if opened:
-        return inside(to_tag) and to_tag[2:] == from_tag[2:]
-    return not inside(to_tag)
-
-
-def demo_tagger():
+def untrained_tagger():
+    """ner-english-fast's architecture with fixed random char LMs (the upper layers are what
+    build/train_ner.py trains)."""
     import torch
     from flair.data import Dictionary
     from flair.embeddings import FlairEmbeddings, StackedEmbeddings
@@ -98,10 +74,8 @@ def demo_tagger():
     for label in ENTITY_TYPES:
         labels.add_item(label)
     labels.span_labels = True
-    tagger = SequenceTagger(embeddings, labels, tag_type="ner", hidden_size=TAGGER_HIDDEN, use_crf=True,
-                            tag_format="BIOES")
-    bias_for_entities(tagger)
-    return tagger.eval()
+    return SequenceTagger(embeddings, labels, tag_type="ner", hidden_size=TAGGER_HIDDEN, use_crf=True,
+                          tag_format="BIOES")
 
 
 def load_tagger(profile: str, dest):
@@ -111,8 +85,10 @@ def load_tagger(profile: str, dest):
     dest.mkdir(parents=True, exist_ok=True)
     if profile == "hub":
         SequenceTagger.load(HUB_ID).save(dest / TAGGER_FILE)
-    else:
-        demo_tagger().save(dest / TAGGER_FILE)
+    else:  # trained by build/train_ner.py, reused while its code is unchanged
+        from build import train_ner
+
+        shutil.copyfile(trained(train_ner.NAME, train_ner.train, train_ner.SOURCES) / TAGGER_FILE, dest / TAGGER_FILE)
     return SequenceTagger.load(dest / TAGGER_FILE).eval()
 
 
