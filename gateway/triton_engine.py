@@ -90,13 +90,21 @@ def translate(exc: InferenceServerException, model: str) -> errors.ApiError:
     if "RESOURCE_EXHAUSTED" in status or "exceeds maximum queue size" in message.lower():
         return errors.Unavailable(f"model '{model}' is over capacity, retry later", code="overloaded")
     if "UNAVAILABLE" in status:  # the server is gone or restarting (connection refused, socket closed)
-        return errors.Unavailable(f"the Triton server is not available for '{model}' now (restarting?); retry later",
-                                  retry_after=2, code="server_unavailable")
+        return server_gone(model)
     if "DEADLINE_EXCEEDED" in status or "timeout" in message.lower():
         return errors.UpstreamTimeout(f"model '{model}' did not answer in time", code="timeout")
     if "NOT_FOUND" in status or "unknown model" in message or "is not found" in message:
         return errors.NotFound(f"model '{model}' is not loaded", code="model_not_found")
     return errors.internal(exc, f"Triton call to '{model}'")
+
+
+# statuses translate() maps to their own causes; any other failure may be the server dying under the call
+EXPLAINED = ("INVALID_ARG", "RESOURCE_EXHAUSTED", "UNAVAILABLE", "DEADLINE_EXCEEDED", "NOT_FOUND")
+
+
+def server_gone(model: str) -> errors.ApiError:
+    return errors.Unavailable(f"the Triton server is not available for '{model}' now (restarting?); retry later",
+                              retry_after=2, code="server_unavailable")
 
 
 def stream_error(message: str, model: str) -> errors.ApiError:
@@ -153,7 +161,7 @@ class TritonEngine:
             response = await self.client._client_stub.ModelInfer(
                 infer_request(model, inputs, outputs), timeout=timeout_s or self.request_timeout_s)
         except grpc.RpcError as exc:
-            raise translate(get_error_grpc(exc), model) from None
+            raise await self._failure(get_error_grpc(exc), model) from None
         arrays = response_arrays(response)
         return {name: arrays[name] for name in outputs}
 
@@ -179,6 +187,8 @@ class TritonEngine:
         try:
             async for message in call:
                 if message.error_message:
+                    if not await self._still_live():  # the server died under the stream (issue 26: a 503)
+                        raise server_gone(model)
                     raise stream_error(message.error_message, model)
                 result = InferResult(message.infer_response)
                 response = result.get_response()
@@ -188,12 +198,28 @@ class TritonEngine:
                 if final:
                     done = True
                     return
+            if not await self._still_live():
+                raise server_gone(model)
             raise errors.internal(RuntimeError("stream ended without a final response"), f"stream from '{model}'")
         except grpc.aio.AioRpcError as exc:  # the call itself failed (server gone, deadline)
-            raise translate(InferenceServerException(exc.details(), status=str(exc.code())), model) from None
+            raise await self._failure(InferenceServerException(exc.details(), status=str(exc.code())), model) from None
         finally:
             if not done:
                 call.cancel()
+
+    async def _failure(self, exc: InferenceServerException, model: str) -> errors.ApiError:
+        """translate(), except that a failure Triton does not explain (INTERNAL, UNKNOWN, CANCELLED), seen while
+        the server is dying, is the server's absence: a 503 to retry, not a 500 (seen: 'Internal error from
+        Core' on a stream the instant tritonserver was killed, before the server watch noticed)."""
+        if not any(s in _status(exc) for s in EXPLAINED) and not await self._still_live():
+            return server_gone(model)
+        return translate(exc, model)
+
+    async def _still_live(self, timeout_s: float = 1.0) -> bool:
+        try:
+            return bool(await asyncio.wait_for(self.client.is_server_live(), timeout_s))
+        except Exception:  # noqa: BLE001 - refused, reset or too slow: not live
+            return False
 
     async def live(self) -> bool:
         try:
