@@ -240,7 +240,7 @@ async function complete(button) {
     });
     if (!response.ok) throw new ApiError(await errorMessage(response));
     const reader = response.body.getReader(), decoder = new TextDecoder();
-    let buffer = "", finish = "";
+    let buffer = "", finish = "", events = 0;
     for (;;) {
       const { value, done } = await reader.read();
       if (done) break;
@@ -256,6 +256,7 @@ async function complete(button) {
           const chunk = JSON.parse(data);
           if (chunk.error) throw new ApiError(chunk.error.message);
           for (const choice of chunk.choices || []) {
+            $("completion-text").dataset.events = ++events;  // each event is shown as it arrives
             $("completion-text").textContent += choice.text;
             if (choice.finish_reason) finish = choice.finish_reason;
           }
