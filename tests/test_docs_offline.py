@@ -43,11 +43,16 @@ def test_pages_name_no_host_but_their_own(gateway):
     assert '"persistAuthorization": true' in gateway.http.get("/docs").text  # "Authorize" survives a reload
 
 
-def test_swagger_ui_lists_every_operation_offline(gateway, openapi, browser):
-    page = browser.new_page()
-    log = RequestLog()
+def logged_page(browser, url: str):
+    """A new page at `url` with every request it makes logged (RequestLog)."""
+    page, log = browser.new_page(), RequestLog()
     log.attach(page)
-    page.goto(f"{gateway.url}/docs")
+    page.goto(url)
+    return page, log
+
+
+def test_swagger_ui_lists_every_operation_offline(gateway, openapi, browser):
+    page, log = logged_page(browser, f"{gateway.url}/docs")
     page.wait_for_selector(".opblock", timeout=60_000)
     rendered = {(b.get_attribute("class"), b.query_selector(".opblock-summary-path").get_attribute("data-path"))
                 for b in page.query_selector_all(".opblock")}
@@ -60,10 +65,7 @@ def test_swagger_ui_lists_every_operation_offline(gateway, openapi, browser):
 
 
 def test_redoc_lists_every_operation_offline(gateway, openapi, browser):
-    page = browser.new_page()
-    log = RequestLog()
-    log.attach(page)
-    page.goto(f"{gateway.url}/redoc")
+    page, log = logged_page(browser, f"{gateway.url}/redoc")
     page.wait_for_selector("[data-section-id^='tag/'], [data-section-id^='operation/']", timeout=60_000)
     sections = {s.get_attribute("data-section-id") for s in page.query_selector_all("[data-section-id]")}
     # ReDoc gives each operation a section named after its operationId, under its tag when it has one
