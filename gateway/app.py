@@ -14,7 +14,7 @@ from gateway.body_limits import CapBodies
 from gateway.openapi import honest_openapi
 from gateway.policy import RouteTable
 from gateway.quotas import QuotaBook, Quotas, charge_tokens
-from gateway.registry import ModelRegistry
+from gateway.cluster import make_registry
 from gateway.server_watch import ServerWatch
 from gateway.routers import collections, completions, embeddings, health, models, pipelines, seed
 from gateway.search.collections import Collections
@@ -32,7 +32,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         async with AsyncExitStack() as stack:
             app.state.engine = TritonEngine(settings.triton_grpc_url, settings.request_timeout_s)
             stack.push_async_callback(app.state.engine.close)
-            app.state.models = ModelRegistry(settings, app.state.engine)
+            stack.push_async_callback(app.state.quotas.close)
+            app.state.models = make_registry(settings, app.state.engine)  # shared through Redis with REDIS_URL
             stack.push_async_callback(app.state.models.close)
             await app.state.models.start()
             app.state.server_watch = ServerWatch(app.state.engine, app.state.models, app.state.admission).start()

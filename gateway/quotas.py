@@ -2,16 +2,21 @@
 middleware), tokens per minute for completions (one dependency on the completions router).
 
 Rates are counted by the `limits` library (moving windows) in the storage QUOTA_STORAGE names
-(`memory://` by default: per gateway process; `redis://host:port` shares them between replicas).
-Concurrency is counted in this process. Over quota: 429 with Retry-After and OpenAI's
+(`memory://` by default: per gateway process; `redis://host:port`, the default when REDIS_URL is set,
+shares them between replicas). Concurrency is counted in this process, or with REDIS_URL in Redis (one
+sorted set per key: a request's entry expires after REQUEST_TIMEOUT_S should its replica die before
+removing it). When Redis does not answer, a request is let through (counted locally) and a warning logged:
+a quota store outage must not take the service down. Over quota: 429 with Retry-After and OpenAI's
 x-ratelimit-{limit,remaining,reset}-{requests,tokens} headers (on the 429 only: reading the window for
 every answer would double the limiter's cost per request). Requests without a key (open routes,
 or a gateway without keys on loopback) are not counted."""
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
+import uuid
 
 from fastapi import Request
 from limits import RateLimitItemPerMinute, RateLimitItemPerSecond
@@ -38,14 +43,99 @@ def storage_uri(uri: str) -> str:
     return uri if uri.startswith("async+") else "async+" + uri
 
 
+def rate_storage(uri: str):
+    """`limits`' async storage; for Redis through redis-py (what gateway/cluster/ uses; limits' default
+    client, coredis, is not installed)."""
+    uri = storage_uri(uri)
+    if uri.startswith(("async+redis://", "async+rediss://", "async+unix://")):
+        return storage_from_string(uri, implementation="redispy", key_prefix="triton-pipelines-quota")
+    return storage_from_string(uri)
+
+
+# KEYS[1]: the key's set of requests in flight. ARGV: now, expiry of this entry, limit, entry.
+# Returns the count before this request when admitted, -1 - count when over the limit.
+ACQUIRE = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+local n = redis.call('ZCARD', KEYS[1])
+if n >= tonumber(ARGV[3]) then return -1 - n end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[4])
+redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2]) - tonumber(ARGV[1])) + 1)
+return n
+"""
+
+
+class LocalConcurrency:
+    """Requests in flight per key, in this process."""
+
+    def __init__(self):
+        self.active: dict[str, int] = {}
+
+    async def acquire(self, key_id: str, limit: int) -> tuple[bool, int, object]:
+        """(admitted, requests in flight before this one, a ticket for release)."""
+        active = self.active.get(key_id, 0)
+        if active >= limit:
+            return False, active, None
+        self.active[key_id] = active + 1
+        return True, active, key_id
+
+    async def release(self, ticket) -> None:
+        self.active[ticket] -= 1
+
+
+class RedisConcurrency:
+    """Requests in flight per key across replicas (REDIS_URL): one sorted set per key, entries expiring."""
+
+    def __init__(self, url: str, prefix: str, expire_s: float):
+        import redis.asyncio as aioredis  # only with REDIS_URL
+
+        self.redis = aioredis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        self.script = self.redis.register_script(ACQUIRE)
+        self.prefix, self.expire_s = prefix + "inflight:", expire_s
+        self.local = LocalConcurrency()  # while Redis does not answer
+        self._ids = itertools.count()
+        self._me = uuid.uuid4().hex[:12]
+        self._warned = 0.0
+
+    async def acquire(self, key_id: str, limit: int) -> tuple[bool, int, object]:
+        entry, now = f"{self._me}:{next(self._ids)}", time.time()
+        try:
+            n = await self.script(keys=[self.prefix + key_id], args=[now, now + self.expire_s, limit, entry])
+        except Exception as exc:  # noqa: BLE001 - fail open, counted locally (see the module docstring)
+            self._warn(exc)
+            return await self.local.acquire(key_id, limit)
+        return (True, n, (key_id, entry)) if n >= 0 else (False, -1 - n, None)
+
+    async def release(self, ticket) -> None:
+        if isinstance(ticket, str):  # admitted by the local fallback
+            return await self.local.release(ticket)
+        try:
+            await self.redis.zrem(self.prefix + ticket[0], ticket[1])
+        except Exception as exc:  # noqa: BLE001 - the entry expires by itself
+            self._warn(exc)
+
+    def _warn(self, exc: Exception) -> None:
+        if time.monotonic() - self._warned > 10:
+            self._warned = time.monotonic()
+            log.warning("quota store (Redis) unreachable: %s; requests are counted per replica meanwhile", exc)
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+
 class QuotaBook:
     """The limiter and the limits of each key (its own from the keys file, else the defaults)."""
 
     def __init__(self, settings: Settings):
         self.settings = settings
-        self.limiter = MovingWindowRateLimiter(storage_from_string(storage_uri(settings.quota_storage)))
-        self.active: dict[str, int] = {}
+        self.limiter = MovingWindowRateLimiter(rate_storage(settings.quota_storage))
+        self.concurrency = (RedisConcurrency(settings.redis_url, settings.redis_prefix, settings.request_timeout_s)
+                            if settings.redis_url else LocalConcurrency())
         self._items: dict[tuple[str, int], object] = {}
+        self._warned = 0.0
+
+    async def close(self) -> None:
+        if isinstance(self.concurrency, RedisConcurrency):
+            await self.concurrency.close()
 
     def limit(self, key: ApiKey, name: str) -> int:
         return key.limits.get(name, getattr(self.settings, f"quota_{name}"))
@@ -62,7 +152,14 @@ class QuotaBook:
         headers go on 429s, which keeps an allowed request at one call to the limiter."""
         item = self.item(per, amount)
         namespace = f"{kind}:{key.key_id}"
-        if await self.limiter.hit(item, namespace, cost=cost):
+        try:
+            if await self.limiter.hit(item, namespace, cost=cost):
+                return True, {}
+        except Exception as exc:  # noqa: BLE001 - the store is down: fail open (module docstring)
+            if time.monotonic() - self._warned > 10:
+                self._warned = time.monotonic()
+                log.warning("quota store %s unreachable: %s; rates are not limited meanwhile",
+                            self.settings.quota_storage.split("@")[-1], exc)
             return True, {}
         stats = await self.limiter.get_window_stats(item, namespace)
         wait = max(0.0, stats.reset_time - time.time())
@@ -90,17 +187,18 @@ class Quotas:
                     f"key '{key.key_id}' is over its limit of {rps} requests per second", headers,
                     code="rate_limit_exceeded"))
         concurrency = book.limit(key, "concurrency")
-        active = book.active.get(key.key_id, 0)
-        if concurrency and active >= concurrency:
+        if not concurrency:
+            return await self.app(scope, receive, send)
+        admitted, active, ticket = await book.concurrency.acquire(key.key_id, concurrency)
+        if not admitted:
             log.info("429 key %s: %d requests in flight", key.key_id, active)
             return await errors.send(send, errors.TooManyRequests(
                 f"key '{key.key_id}' has {active} requests in flight, its limit", {"Retry-After": "1"},
                 code="concurrency_limit_exceeded"))
-        book.active[key.key_id] = active + 1
         try:
             await self.app(scope, receive, send)
         finally:
-            book.active[key.key_id] -= 1
+            await book.concurrency.release(ticket)
 
 
 def completion_budget(body) -> int:

@@ -76,13 +76,9 @@ class ModelRegistry:
             pass
         except (ValueError, KeyError, TypeError) as exc:
             log.error("ignoring unreadable %s: %s", self.state_file, exc)
-        for item in self.settings.preload_models:  # "clip:<name>[|pretrained]" or "st:<name>" / "<name>"
-            prefix, sep, rest = item.partition(":")
-            kind = {"clip": "clip", "st": "sentence_transformer"}.get(prefix) if sep else None
-            name, _, pretrained = (rest if kind else item).partition("|")
-            kind = kind or "sentence_transformer"
-            if (name, pretrained or None, kind) not in wanted:
-                wanted.append((name, pretrained or None, kind))
+        for item in self.settings.preload_models:
+            if self.parse_preload(item) not in wanted:
+                wanted.append(self.parse_preload(item))
         if [w for w in wanted if w[0] not in self.builtin]:
             await self._wait_for_server()
         for name, pretrained, kind in wanted:
@@ -93,6 +89,14 @@ class ModelRegistry:
                 log.info("loaded %s at start", name)
             except errors.ApiError as exc:
                 log.error("could not load %s at start: %s", name, exc.message)
+
+    @staticmethod
+    def parse_preload(item: str) -> tuple[str, str | None, str]:
+        """A PRELOAD_MODELS item, "clip:<name>[|pretrained]" or "st:<name>" / "<name>": (name, pretrained, kind)."""
+        prefix, sep, rest = item.partition(":")
+        kind = {"clip": "clip", "st": "sentence_transformer"}.get(prefix) if sep else None
+        name, _, pretrained = (rest if kind else item).partition("|")
+        return name, pretrained or None, kind or "sentence_transformer"
 
     async def _wait_for_server(self) -> None:
         """A gateway started beside a Triton that is not up yet (the Kustomize pod starts both containers
@@ -148,6 +152,20 @@ class ModelRegistry:
     def loaded(self) -> list[ModelSpec]:
         runtime = [e.spec for e in self.entries.values() if e.state == "ready" and e.spec]
         return list(self.builtin.values()) + runtime
+
+    async def ready_on(self) -> dict[str, list[str]]:
+        """Model id -> the replicas where it is ready: this one (gateway/cluster/ knows the others)."""
+        return {model_id(e.key[0], e.key[1]): [self.settings.replica_id]
+                for e in self.entries.values() if e.state == "ready"}
+
+    async def placement(self, model_id_: str, wait_all: bool = False) -> dict:
+        """Where a model just registered is ready (the registration's answer says it)."""
+        ready = (await self.ready_on()).get(model_id_, [])
+        return {"ready": len(ready), "live": 1, "ready_on": ready}
+
+    async def pending(self) -> list:
+        """Registered models not ready here yet: none without a shared registry."""
+        return []
 
     async def triton_models_in_use(self) -> list[str]:
         return [m for spec in self.loaded() if not spec.builtin or await self.engine.ready(spec.text_model)

@@ -56,9 +56,10 @@ class ServerWatch:
                 await self.check_once()
             except Exception as exc:  # noqa: BLE001 - never let the watch die; the next poll retries
                 log.warning("server check failed: %s", exc)
-            try:
-                await asyncio.wait_for(self._poke.wait(), self.period_s)
-            except asyncio.TimeoutError:
+            try:  # not asyncio.wait_for: on 3.11 it can swallow close()'s cancel (gateway/cluster/)
+                async with asyncio.timeout(self.period_s):
+                    await self._poke.wait()
+            except TimeoutError:
                 pass
             self._poke.clear()
 

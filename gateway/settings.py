@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,6 +101,15 @@ class Settings:
     quota_concurrency: int = 64  # requests in flight per key (concurrency=N)
     quota_tokens_per_minute: int = 200_000  # completion token budget per key (tpm=N)
     quota_storage: str = "memory://"  # a `limits` storage URI; redis://host:6379 shares counts between replicas
+    # replicas (docs/cluster.md): with REDIS_URL the registered models, the cap's LRU order and the quota
+    # counters are shared through Redis; each replica reconciles its Triton every cluster_sync_s and on
+    # every change, and heartbeats every cluster_heartbeat_s (gone after cluster_heartbeat_ttl_s)
+    redis_url: str | None = field(default=None, repr=False)
+    redis_prefix: str = "triton-pipelines:"
+    replica_id: str = field(default_factory=socket.gethostname)
+    cluster_sync_s: float = 5.0
+    cluster_heartbeat_s: float = 2.0
+    cluster_heartbeat_ttl_s: float = 10.0
     # connection and body bounds (uvicorn/httptools; docs/security.md)
     max_body_bytes: int = 128 * 1024 * 1024  # ceiling over every route's own cap
     body_timeout_s: float = 60.0  # the whole request body must arrive within this
@@ -181,7 +191,14 @@ class Settings:
             quota_requests_per_second=int(get("QUOTA_REQUESTS_PER_SECOND", d.quota_requests_per_second)),
             quota_concurrency=int(get("QUOTA_CONCURRENCY", d.quota_concurrency)),
             quota_tokens_per_minute=int(get("QUOTA_TOKENS_PER_MINUTE", d.quota_tokens_per_minute)),
-            quota_storage=get("QUOTA_STORAGE", d.quota_storage),
+            # with REDIS_URL, one key's limits hold across replicas unless QUOTA_STORAGE says otherwise
+            quota_storage=get("QUOTA_STORAGE") or get("REDIS_URL") or d.quota_storage,
+            redis_url=get("REDIS_URL") or None,
+            redis_prefix=get("REDIS_PREFIX", d.redis_prefix),
+            replica_id=get("REPLICA_ID") or d.replica_id,
+            cluster_sync_s=float(get("CLUSTER_SYNC_S", d.cluster_sync_s)),
+            cluster_heartbeat_s=float(get("CLUSTER_HEARTBEAT_S", d.cluster_heartbeat_s)),
+            cluster_heartbeat_ttl_s=float(get("CLUSTER_HEARTBEAT_TTL_S", d.cluster_heartbeat_ttl_s)),
             max_body_bytes=int(get("MAX_BODY_BYTES", d.max_body_bytes)),
             body_timeout_s=float(get("BODY_TIMEOUT_S", d.body_timeout_s)),
             header_timeout_s=float(get("HEADER_TIMEOUT_S", d.header_timeout_s)),

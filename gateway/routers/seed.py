@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import time
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
 from gateway.embedding import check_count, embed_images, embed_texts
 from gateway.errors import BadRequest
 from gateway.images import image_bytes
 from gateway.modelgen import ModelSpec
+from gateway.registry import model_id
 from gateway.schemas import InferRequest, LoadClip, LoadSentenceTransformer, ModelRef
 from gateway.strict_json import StrictJSONRoute
 
@@ -27,20 +28,27 @@ def _label(name: str, pretrained: str | None) -> str:
     return name + (f" ({pretrained})" if pretrained else "")
 
 
-async def _load(request: Request, name: str, pretrained: str | None, kind: str, replace: bool = False) -> dict:
-    spec, already = await request.app.state.models.load(name, pretrained, kind, replace=replace)
+# ?wait=all: answer once every live replica has the model ready (bounded by MODEL_WAIT_S); by default
+# once the replica that took the call has it. The answer's "replicas" says where it is ready.
+WAIT = Query("one", pattern="^(one|all)$", description="`all`: return once every live replica has the model ready")
+
+
+async def _load(request: Request, name: str, pretrained: str | None, kind: str, replace: bool, wait: str) -> dict:
+    registry = request.app.state.models
+    spec, already = await registry.load(name, pretrained, kind, replace=replace)
     verb = "is already loaded" if already else ("replaced" if replace else "loaded")
-    return {"message": f"Model {_label(name, pretrained)} {verb}.", "model": describe(spec)}
+    placement = await registry.placement(model_id(spec.model_name, spec.pretrained), wait_all=wait == "all")
+    return {"message": f"Model {_label(name, pretrained)} {verb}.", "model": describe(spec), "replicas": placement}
 
 
 @router.post("/load_sentence_transformer_model")
-async def load_sentence_transformer_model(body: LoadSentenceTransformer, request: Request):
-    return await _load(request, body.model_name, None, "sentence_transformer", body.replace)
+async def load_sentence_transformer_model(body: LoadSentenceTransformer, request: Request, wait: str = WAIT):
+    return await _load(request, body.model_name, None, "sentence_transformer", body.replace, wait)
 
 
 @router.post("/load_clip_model")
-async def load_clip_model(body: LoadClip, request: Request):
-    return await _load(request, body.model_name, body.pretrained, "clip", body.replace)
+async def load_clip_model(body: LoadClip, request: Request, wait: str = WAIT):
+    return await _load(request, body.model_name, body.pretrained, "clip", body.replace, wait)
 
 
 @router.post("/unload_model")
@@ -58,9 +66,17 @@ async def delete_model(body: ModelRef, request: Request):
 @router.get("/loaded_models")
 async def loaded_models(request: Request):
     registry = request.app.state.models
-    # "reloading": held, but being loaded again into a restarted Triton server (503 until then)
-    return {"models": [describe(spec) for spec in registry.loaded()],
-            "reloading": [describe(spec) for spec in registry.reloading()]}
+    where = await registry.ready_on()
+    replica = request.app.state.settings.replica_id
+
+    def placed(spec: ModelSpec) -> dict:  # "replicas": the live ones where it is ready
+        return {**describe(spec), "replicas": where.get(model_id(spec.model_name, spec.pretrained), [replica])}
+    # "reloading": held, but being loaded again into a restarted Triton server (503 until then);
+    # "pending": registered in the cluster (REDIS_URL), not ready on this replica yet (a request waits for it)
+    return {"models": [placed(spec) for spec in registry.loaded()],
+            "reloading": [describe(spec) for spec in registry.reloading()],
+            "pending": [{"model_name": r.model_name, "pretrained": r.pretrained, "kind": r.kind,
+                         "replicas": where.get(r.id, [])} for r in await registry.pending()]}
 
 
 @router.post("/infer")
