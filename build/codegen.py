@@ -85,7 +85,10 @@ def hub_tokenizer_and_model():
     tokenizer = AutoTokenizer.from_pretrained(HUB_TOKENIZER, use_fast=True)
     tokenizer.model_input_names = ["input_ids", "attention_mask"]
     model = GPTJForCausalLM.from_pretrained(HUB_MODEL, dtype=torch.float32).eval()
-    model.generation_config.pad_token_id = tokenizer.eos_token_id
+    # moyix's conversion kept CodeGen's first release's eos_token_id 2 ('#' in this BPE; Salesforce later fixed
+    # theirs to 50256): the generator and transformers' generate would end a completion at its first '#'.
+    model.config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.eos_token_id = model.generation_config.pad_token_id = tokenizer.eos_token_id
     return tokenizer, model
 
 
