@@ -44,7 +44,7 @@ def test_the_generated_config_is_valid_haproxy(tmp_path):
     assert "retry-on conn-failure empty-response 503" in text and "option redispatch 1" in text
     # registrations and writes are never repeated after they may have reached a gateway
     assert "http-request disable-l7-retry unless repeatable" in text
-    assert f"server replica-1 127.0.0.1:8092 check" in text
+    assert "server replica-1 127.0.0.1:8092 check" in text
 
 
 @pytest.fixture
@@ -91,6 +91,22 @@ def test_launchers_that_exit_are_started_again(cluster):
     wait_for(lambda: read_state(cluster.dir)["replicas"][1]["pid"] == killed.process.pid, 10, "state not updated")
     for replica in cluster.replicas:
         cluster.admin.wait(replica.name, lambda row: row.get("status") == "UP", 30, "not UP again")
+
+
+def test_haproxy_and_redis_are_started_again(cluster):
+    from tools.redis_server import ping
+
+    haproxy_pid, redis_pid = cluster.haproxy.pid, cluster.redis.process.pid
+    os.kill(haproxy_pid, signal.SIGKILL)
+    os.kill(redis_pid, signal.SIGKILL)
+    # the state file names the new HAProxy once it answers on its socket
+    wait_for(lambda: read_state(cluster.dir)["haproxy_pid"] not in (None, haproxy_pid), 30, "haproxy not started again")
+    wait_for(lambda: cluster.redis.process and cluster.redis.process.pid != redis_pid, 30, "redis not started again")
+    assert ping(cluster.redis.host, cluster.redis.port)
+    for replica in cluster.replicas:
+        cluster.admin.wait(replica.name, lambda row: row.get("status") == "UP", 30, "not UP behind the new haproxy")
+    assert httpx.get(f"{cluster.url}/health", timeout=10).status_code == 200
+    assert read_state(cluster.dir)["haproxy_pid"] == cluster.haproxy.pid and not alive(haproxy_pid)
 
 
 def test_rolling_restart_drains_each_replica_first(cluster, monkeypatch):

@@ -309,7 +309,8 @@ class Cluster:
     def _launch(self, replica: Replica) -> None:
         replica.data_dir.mkdir(parents=True, exist_ok=True)
         with open(replica.log_file, "ab") as out:
-            replica.process = subprocess.Popen(self.launcher_command, cwd=ROOT, env=self._replica_env(replica), stdout=out,
+            replica.process = subprocess.Popen(self.launcher_command, cwd=ROOT, env=self._replica_env(replica),
+                                               stdout=out,
                                                stderr=subprocess.STDOUT, start_new_session=True)
         replica.seen[replica.process.pid] = start_time(replica.process.pid)
 
@@ -331,7 +332,8 @@ class Cluster:
         deadline = time.monotonic() + 30
         while True:
             if self.haproxy.poll() is not None:
-                raise RuntimeError(f"haproxy exited with code {self.haproxy.returncode} (log: {self.dir / 'haproxy.log'})")
+                raise RuntimeError(f"haproxy exited with code {self.haproxy.returncode} "
+                                   f"(log: {self.dir / 'haproxy.log'})")
             try:
                 self.admin.servers()
                 break
@@ -359,7 +361,7 @@ class Cluster:
             with self._lock:
                 if self._stopping.is_set():
                     return
-                changed = False
+                changed = self._check_services()
                 for replica in self.replicas:
                     changed |= self._check(replica, now)
                 if changed:
@@ -367,6 +369,25 @@ class Cluster:
             if now - last_note > 3:
                 self._note()
                 last_note = now
+
+    def _check_services(self) -> bool:
+        """Redis or HAProxy gone while the cluster runs: started again as they were (same port, config)."""
+        changed = False
+        if self.redis.process is not None and self.redis.process.poll() is not None:
+            self.echo(f"cluster: redis exited ({describe_exit(self.redis.process.returncode)}): starting it again")
+            self.redis.process = None
+            try:
+                self.redis.start()
+            except (RuntimeError, TimeoutError, OSError) as exc:
+                self.echo(f"cluster: redis did not start again: {exc}")
+        if self.haproxy is not None and self.haproxy.poll() is not None:
+            self.echo(f"cluster: haproxy exited ({describe_exit(self.haproxy.returncode)}): starting it again")
+            try:
+                self._start_haproxy()
+                changed = True
+            except (RuntimeError, TimeoutError, OSError) as exc:
+                self.echo(f"cluster: haproxy did not start again: {exc}")
+        return changed
 
     def _check(self, replica: Replica, now: float) -> bool:
         if replica.given_up:
@@ -410,7 +431,8 @@ class Cluster:
                 replica.regions |= shm_regions_mapped(tree)
 
     def _write_state(self) -> None:
-        state = {"pid": os.getpid(), "pid_start": start_time(os.getpid()), "host": self.host, "port": self.port, "backend": BACKEND,
+        state = {"pid": os.getpid(), "pid_start": start_time(os.getpid()), "host": self.host, "port": self.port,
+                 "backend": BACKEND,
                  "socket": str(self.admin.socket_path), "redis_url": self.redis.url,
                  "drain_s": float(self.env.get("DRAIN_S", os.environ.get("DRAIN_S", 25))),
                  "haproxy_pid": self.haproxy.pid if self.haproxy else None,
@@ -567,43 +589,59 @@ def rolling_restart(cluster_dir: Path, port: int | None = None, up_timeout_s: fl
     host, drain_s = client_host(state["host"]), float(state.get("drain_s", 25))
     records = []
     for entry in state["replicas"]:
-        name, started = entry["name"], time.monotonic()
-        others = [e["name"] for e in state["replicas"] if e["name"] != name and not e.get("given_up")]
-        for other in others:  # never take the last serving replica out
-            admin.wait(other, lambda row: row.get("status") == "UP", up_timeout_s, "not UP (another replica)")
-        admin.set_state(name, "drain")
-        echo(f"cluster-rolling: {name}: draining in haproxy")
-        admin.wait(name, lambda row: row.get("scur") == "0", drain_s + 30, "sessions did not end")
-        old_pid = read_state(cluster_dir)["replicas"][entry["index"]]["pid"]
-        if alive(old_pid):
-            os.kill(old_pid, signal.SIGTERM)
-        echo(f"cluster-rolling: {name}: SIGTERM to its launcher (pid {old_pid})")
-        deadline = time.monotonic() + drain_s + 120
-        while alive(old_pid):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{name}: launcher {old_pid} still running {drain_s + 120:.0f}s after SIGTERM")
-            time.sleep(0.25)
-        stopped = time.monotonic()
-        deadline = time.monotonic() + up_timeout_s
-        while True:
-            current = read_state(cluster_dir)
-            if not owner_alive(current):
-                raise RuntimeError("the cluster stopped during the rolling restart")
-            new_pid = current["replicas"][entry["index"]]["pid"]
-            if new_pid != old_pid and alive(new_pid) and \
-                    http_status(f"http://{host}:{entry['gateway_port']}/health") == 200:
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{name}: /health not 200 {up_timeout_s:.0f}s after its restart")
-            time.sleep(0.5)
-        admin.set_state(name, "ready")
-        admin.wait(name, lambda row: row.get("status") == "UP", 60, "not UP after `state ready`")
-        record = {"replica": name, "old_pid": old_pid, "new_pid": new_pid, "stop_s": stopped - started,
-                  "back_s": time.monotonic() - stopped, "total_s": time.monotonic() - started}
-        records.append(record)
-        echo(f"cluster-rolling: {name}: back in haproxy (pid {new_pid}); drained and stopped in "
-             f"{record['stop_s']:.1f}s, serving again {record['back_s']:.1f}s later")
+        name = entry["name"]
+        if read_state(cluster_dir)["replicas"][entry["index"]].get("given_up"):
+            echo(f"cluster-rolling: {name}: skipped (left down after a crash loop)")
+            continue
+        try:
+            records.append(_roll_one(cluster_dir, admin, state, entry, host, drain_s, up_timeout_s, echo))
+        except BaseException:
+            try:  # not left out of HAProxy: its health checks decide again
+                admin.set_state(name, "ready")
+            except OSError:
+                pass
+            raise
     return records
+
+
+def _roll_one(cluster_dir: Path, admin: HAProxyAdmin, state: dict, entry: dict, host: str, drain_s: float,
+              up_timeout_s: float, echo) -> dict:
+    name, started = entry["name"], time.monotonic()
+    others = [e["name"] for e in state["replicas"] if e["name"] != name and not e.get("given_up")]
+    for other in others:  # never take the last serving replica out
+        admin.wait(other, lambda row: row.get("status") == "UP", up_timeout_s, "not UP (another replica)")
+    admin.set_state(name, "drain")
+    echo(f"cluster-rolling: {name}: draining in haproxy")
+    admin.wait(name, lambda row: row.get("scur") == "0", drain_s + 30, "sessions did not end")
+    old_pid = read_state(cluster_dir)["replicas"][entry["index"]]["pid"]
+    if alive(old_pid):
+        os.kill(old_pid, signal.SIGTERM)
+    echo(f"cluster-rolling: {name}: SIGTERM to its launcher (pid {old_pid})")
+    deadline = time.monotonic() + drain_s + 120
+    while alive(old_pid):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{name}: launcher {old_pid} still running {drain_s + 120:.0f}s after SIGTERM")
+        time.sleep(0.25)
+    stopped = time.monotonic()
+    deadline = time.monotonic() + up_timeout_s
+    while True:
+        current = read_state(cluster_dir)
+        if not owner_alive(current):
+            raise RuntimeError("the cluster stopped during the rolling restart")
+        new_pid = current["replicas"][entry["index"]]["pid"]
+        if new_pid != old_pid and alive(new_pid) and \
+                http_status(f"http://{host}:{entry['gateway_port']}/health") == 200:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{name}: /health not 200 {up_timeout_s:.0f}s after its restart")
+        time.sleep(0.5)
+    admin.set_state(name, "ready")
+    admin.wait(name, lambda row: row.get("status") == "UP", 60, "not UP after `state ready`")
+    record = {"replica": name, "old_pid": old_pid, "new_pid": new_pid, "stop_s": stopped - started,
+              "back_s": time.monotonic() - stopped, "total_s": time.monotonic() - started}
+    echo(f"cluster-rolling: {name}: back in haproxy (pid {new_pid}); drained and stopped in "
+         f"{record['stop_s']:.1f}s, serving again {record['back_s']:.1f}s later")
+    return record
 
 
 def main() -> int:
@@ -660,7 +698,8 @@ def main() -> int:
              f"  redis    {cluster.redis.url}"]
     lines += [f"  {r.name}  {cluster.replica_url(r.index)}  (Triton HTTP {r.http_port}, gRPC {r.grpc_port}, metrics "
               f"{r.metrics_port}; log {r.log_file})" for r in cluster.replicas]
-    print("\n".join(lines + ["  make cluster-rolling restarts them one at a time; Ctrl-C stops everything"]), flush=True)
+    lines.append("  make cluster-rolling restarts them one at a time; Ctrl-C stops everything")
+    print("\n".join(lines), flush=True)
     while not cluster._stopping.wait(0.5):
         pass
     cluster.stop()
