@@ -8,7 +8,7 @@ METRICS_PORT ?= 8002
 TRITON_IMAGE ?= triton-pipelines:latest
 export MODEL_PROFILE HOST HTTP_PORT GRPC_PORT METRICS_PORT
 
-.PHONY: setup model train-demo triton test unit bench soak sweep triton-docker clean deploy-check docs fuzz
+.PHONY: setup model train-demo triton test unit bench soak sweep triton-docker clean deploy-check docs fuzz cluster cluster-rolling
 
 setup:
 	@bash tools/setup.sh
@@ -22,6 +22,18 @@ train-demo: setup
 
 triton: setup model
 	@exec $(PY) tools/triton_launcher.py
+
+# Redis + REPLICAS complete replicas (Triton, supervisor, gateway on CLUSTER_PORT+1+i) + HAProxy on CLUSTER_PORT,
+# in the foreground (Ctrl-C stops everything); CLUSTER_MODELS=a,b: what each replica loads (default: every
+# shipped model). `make cluster-rolling` (same CLUSTER_PORT and DATA_DIR) restarts the replicas one at a time.
+REPLICAS ?= 2
+CLUSTER_PORT ?= 8090
+cluster: setup model
+	@bash deploy/install_tools.sh || echo "cluster: could not install redis-server/haproxy (deploy/install_tools.sh)"
+	@exec $(PY) tools/cluster.py run --replicas $(REPLICAS) --port $(CLUSTER_PORT) --models "$(CLUSTER_MODELS)" $(if $(DATA_DIR),--data-dir $(DATA_DIR))
+
+cluster-rolling: setup
+	@$(PY) tools/cluster.py rolling --port $(CLUSTER_PORT) $(if $(DATA_DIR),--data-dir $(DATA_DIR))
 
 test: setup model
 	@bash deploy/install_tools.sh || echo "test: prometheus/kubectl/chromium not installable: tests/test_deploy.py skips those checks, the browser tests fail"

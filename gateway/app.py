@@ -7,7 +7,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 from fastapi import Depends, FastAPI
 
-from gateway import admission, docs_pages, errors, prometheus, ui
+from gateway import admission, docs_pages, errors, prometheus, replica_id, ui
 from gateway.audit import Audit, AuditLog
 from gateway.auth import Authenticate, check_exposure
 from gateway.body_limits import CapBodies
@@ -71,6 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     ui.install(app)  # /ui: static page over the public API
     app.state.extra_model_ids.append(settings.completions_model)  # served by codegen_stream
     app.openapi = honest_openapi(app, settings)
+    replica_id.install(app)  # x-replica-id on every response: outermost of all, even around the 500 handler
     return app
 
 

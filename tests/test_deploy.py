@@ -109,6 +109,35 @@ def test_overlays_differ_where_they_should():
     assert [c["name"] for c in gpu["containers"]] == ["triton", "gateway"]
 
 
+def test_the_replicated_overlay_shares_state_through_redis():
+    docs = rendered("replicated")
+    deployment = dc.by_kind(docs, "Deployment")
+    assert deployment["spec"]["replicas"] > 1 and dc.by_kind(docs, "HorizontalPodAutoscaler")["spec"]["minReplicas"] > 1
+    containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+    gateway = env_of(containers["gateway"])
+    assert gateway["REDIS_URL"]["value"] == "redis://redis:6379/0"
+    assert gateway["REPLICA_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    qdrant = gateway["QDRANT_URL"]["valueFrom"]["configMapKeyRef"]
+    assert qdrant["optional"] is False  # collections must be shared: no silent fall-back to local Faiss
+    configmaps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    assert configmaps[qdrant["name"]]["data"]["url"].startswith("http://")
+    assert containers["triton"]["image"].endswith("triton-pipelines-cpu:0.1.0")  # built on the CPU overlay
+    # the Redis that REDIS_URL names: a StatefulSet with its data on a volume, behind the Service `redis`
+    redis = dc.by_kind(docs, "StatefulSet")
+    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "redis")
+    pod_labels = redis["spec"]["template"]["metadata"]["labels"]
+    assert all(pod_labels.get(k) == v for k, v in service["spec"]["selector"].items())
+    assert service["spec"]["ports"][0]["port"] == 6379 and redis["spec"]["serviceName"] == "redis"
+    assert "--appendonly" in redis["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert redis["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+    # only the gateway pods reach it
+    policy = dc.by_kind(docs, "NetworkPolicy")
+    allowed = policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
+    gateway_pod = deployment["spec"]["template"]["metadata"]["labels"]
+    assert all(gateway_pod.get(k) == v for k, v in allowed.items())
+    assert all(pod_labels.get(k) == v for k, v in policy["spec"]["podSelector"]["matchLabels"].items())
+
+
 def test_yamllint_clean_and_catches_problems(tmp_path):
     assert dc.yamllint_problems() == []
     bad = tmp_path / "bad.yaml"
@@ -122,6 +151,8 @@ def test_compose_matches_the_specification():
     services = compose["services"]
     assert set(services) >= {"triton", "prometheus", "grafana", "qdrant"}
     assert services["triton"]["shm_size"] and services["triton"]["environment"]["QDRANT_URL"] == "http://qdrant:6333"
+    assert services["triton"]["environment"]["REDIS_URL"] == "redis://redis:6379/0" and "redis" in services
+    assert "redis" in services["triton"]["depends_on"] and "--appendonly" in services["redis"]["command"]
     assert all(p.startswith("127.0.0.1:") for s in services.values() for p in s.get("ports", []))
     # gateway-only exposure: Triton's HTTP/gRPC are not published; the gateway's keys come from a secret
     assert not {p.split(":")[-1] for p in services["triton"]["ports"]} & {"8000", "8001"}

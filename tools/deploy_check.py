@@ -32,7 +32,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
-KUSTOMIZATIONS = {"base": K8S / "base", "cpu": K8S / "overlays" / "cpu", "gpu": K8S / "overlays" / "gpu"}
+KUSTOMIZATIONS = {"base": K8S / "base", "cpu": K8S / "overlays" / "cpu", "gpu": K8S / "overlays" / "gpu",
+                  "replicated": K8S / "overlays" / "replicated"}  # 2+ pods sharing state through Redis
 KUBERNETES_VERSION = "1.30.0"  # pinned: the oldest minor still in common managed-cluster support
 DASHBOARD = DEPLOY / "grafana" / "triton-pipelines.json"
 ADAPTER_RULES = K8S / "base" / "prometheus-adapter-rules.yaml"

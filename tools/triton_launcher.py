@@ -261,7 +261,7 @@ def main() -> int:
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from tools.cpu_notice import cpu_notice, cuda_devices
-    from tools.gateway_process import GatewayProcess
+    from tools.gateway_process import GatewayKeeper, GatewayProcess
     from tools.server_keeper import CrashLoop, RestartPolicy, ServerKeeper
 
     data_dir = args.data_dir.resolve()
@@ -314,6 +314,16 @@ def main() -> int:
     supervisor = None
     keeper = None
 
+    def gateway_gave_up(message: str) -> None:
+        print(f"triton: giving up: {message}", flush=True)
+        keeper.request_stop()  # the main thread's watch returns: everything stops, exit code 1
+
+    # restarts a gateway that dies (kill -9) while the launcher runs; made before the signal handler so
+    # that a signal during start-up already tells it not to restart
+    gateway_keeper = None if gateway is None else GatewayKeeper(
+        gateway, RestartPolicy(max_restarts=args.max_restarts, window_s=args.restart_window_s),
+        on_give_up=gateway_gave_up)
+
     def on_signal(signum, _frame):
         # Only note and forward: the main thread is inside the keeper's wait, which must not be re-entered.
         # The gateway drains first (DRAIN_S); the main thread stops Triton once the gateway has exited.
@@ -328,8 +338,10 @@ def main() -> int:
                 keeper.request_stop()  # no restart from now on
             if supervisor is not None:
                 supervisor.request_stop()  # stubs exiting on shutdown are not deaths
+            if gateway_keeper is not None:
+                gateway_keeper.request_stop()  # no restart from now on; SIGTERM to a running gateway: the drain
             if gateway is not None and gateway.process is not None:
-                gateway.process.send_signal(signal.SIGTERM)
+                pass  # the main thread stops Triton once the gateway has drained and exited
             elif server.process is not None:
                 server.process.send_signal(signal.SIGTERM)
         else:
@@ -399,6 +411,8 @@ def main() -> int:
         if signals_seen:  # stopped while the gateway started
             return 0
         raise
+    if gateway_keeper is not None:
+        gateway_keeper.start_watching()  # returns at once if a signal came meanwhile
     print(f"triton: ready\n  HTTP    http://{server.http_url}\n  gRPC    {server.grpc_url}\n"
           f"  metrics {server.metrics_url}" + (f"\n  gateway {gateway.url} (docs: {gateway.url}/docs)" if gateway else "")
           + "\n  Ctrl-C stops everything", flush=True)
@@ -411,6 +425,11 @@ def main() -> int:
     finally:
         if supervisor is not None:
             supervisor.stop()
+        if gateway_keeper is not None:
+            gateway_keeper.request_stop(signal_gateway=False)  # no restart while the gateway stops below
+            gateway_keeper.join()
+            if gateway_keeper.failure and not signals_seen:
+                code = 1
         if gateway is not None:
             if signals_seen and gateway.process is not None:
                 # the signal asked it to drain: requests in flight finish (DRAIN_S) before Triton stops
