@@ -3,6 +3,10 @@ only, to keep the start cheap; supervisor; gateway), Redis and HAProxy on free p
 one cluster for the module, always stopped.
 
 - requests through the load balancer reach both replicas (x-replica-id), each answers on its own port;
+- the shared registry (REDIS_URL): a model registered through the load balancer serves on every replica,
+  queried directly, with the same embeddings; a replica killed and restarted has it again without a call;
+  an unload or a delete through the load balancer removes it everywhere; two replicas registering
+  different models at once with MAX_LOADED_MODELS=1 leave exactly one, everywhere; Faiss is refused;
 - kill -9 of one replica's gateway AND its tritonserver under 8 clients: requests go on on the other,
   only requests in flight at the kill may fail (counted, at most one per client), and the replica comes
   back by itself (its launcher restarts both) and serves through the load balancer again;
@@ -21,6 +25,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 import httpx
+import numpy as np
 import pytest
 
 from tools.cluster import Cluster, alive, free_cluster_port, read_state, replica_processes
@@ -93,7 +98,9 @@ def health(url: str) -> int | None:
 def cluster(tmp_path_factory):
     data = tmp_path_factory.mktemp("cluster") / "data"
     c = Cluster(2, free_cluster_port(2), data, models=["text_embedding"], echo=lambda line: print(line, flush=True),
-                env={"PRELOAD_MODELS": "", "DRAIN_S": "5", "HF_ENDPOINT": "http://127.0.0.1:9"}, start_timeout_s=600)
+                env={"PRELOAD_MODELS": "", "DRAIN_S": "5", "HF_ENDPOINT": "http://127.0.0.1:9",
+                     # the cap race below; runtime models on torch (no ONNX export per replica: a quicker load)
+                     "MAX_LOADED_MODELS": "1", "ONNX_EXPORT": "0"}, start_timeout_s=600)
     started = time.monotonic()
     c.start()
     print(f"cluster: 2 replicas serving {time.monotonic() - started:.1f}s after the start")
@@ -113,6 +120,37 @@ def test_requests_reach_both_replicas_and_each_answers_directly(cluster):
         r = httpx.post(f"{cluster.replica_url(replica.index)}/v1/embeddings", json={"model": MINILM, "input": ["x"]},
                        timeout=30)
         assert r.status_code == 200 and r.headers["x-replica-id"] == replica.name
+
+
+ST_DEMO, CLIP_DEMO = "demo_models/st-cls-demo", "demo_models/clip-demo"
+
+
+def runtime_models(url: str) -> dict[str, list[str]]:
+    """Runtime-registered models ready on the replica at `url` -> the replicas it says have them."""
+    listing = httpx.get(f"{url}/loaded_models", timeout=30).json()
+    return {m["model_name"]: m["replicas"] for m in listing["models"] if m["model_name"] != MINILM}
+
+
+def embed(url: str, model: str) -> np.ndarray | int:
+    r = httpx.post(f"{url}/v1/embeddings", json={"model": model, "input": ["a red circle on a white background"]},
+                   timeout=120)
+    return np.array(r.json()["data"][0]["embedding"]) if r.status_code == 200 else r.status_code
+
+
+def test_a_model_registered_through_the_balancer_serves_on_every_replica(cluster):
+    started = time.monotonic()
+    r = httpx.post(f"{cluster.url}/load_sentence_transformer_model?wait=all", json={"model_name": ST_DEMO},
+                   timeout=600)
+    everywhere = time.monotonic() - started
+    assert r.status_code == 200, r.text
+    assert r.json()["replicas"] == {"ready": 2, "live": 2, "ready_on": ["replica-0", "replica-1"]}
+    vectors = []
+    for replica in cluster.replicas:  # each queried on its own port, at once (goal: within 10 s)
+        vectors.append(embed(cluster.replica_url(replica.index), ST_DEMO))
+        assert isinstance(vectors[-1], np.ndarray), vectors[-1]
+        assert runtime_models(cluster.replica_url(replica.index)) == {ST_DEMO: ["replica-0", "replica-1"]}
+    np.testing.assert_allclose(vectors[0], vectors[1], atol=1e-5)
+    print(f"registration to served everywhere: {everywhere:.1f}s (through the balancer, ?wait=all)")
 
 
 def test_kill_9_of_a_replicas_gateway_and_triton_under_load(cluster):
@@ -147,6 +185,12 @@ def test_kill_9_of_a_replicas_gateway_and_triton_under_load(cluster):
     assert {c.replica for c in after if c.status == 200} == {"replica-0", "replica-1"}
 
 
+def test_the_killed_replica_converged_to_the_registry_without_a_call(cluster):
+    url = cluster.replica_url(1)
+    assert runtime_models(url) == {ST_DEMO: ["replica-0", "replica-1"]}
+    assert isinstance(embed(url, ST_DEMO), np.ndarray)
+
+
 def test_rolling_restart_under_load_fails_no_request(cluster):
     before = [r.process.pid for r in cluster.replicas]
     with Load(cluster.url) as load:
@@ -165,6 +209,48 @@ def test_rolling_restart_under_load_fails_no_request(cluster):
     assert not set(after) & set(before), "each launcher was restarted"
     assert [r["pid"] for r in read_state(cluster.dir)["replicas"]] == after
     assert {c.replica for c in load.calls} == {"replica-0", "replica-1"}
+
+
+def test_unload_and_delete_through_the_balancer_leave_every_replica(cluster):
+    urls = [cluster.replica_url(r.index) for r in cluster.replicas]
+    assert httpx.post(f"{cluster.url}/unload_model", json={"model_name": ST_DEMO}, timeout=120).status_code == 200
+    wait_for(lambda: all(runtime_models(u) == {} for u in urls), 10, "still listed after the unload")
+    assert [embed(u, ST_DEMO) for u in urls] == [404, 404]
+    r = httpx.post(f"{cluster.url}/load_sentence_transformer_model?wait=all", json={"model_name": ST_DEMO},
+                   timeout=600)
+    assert r.status_code == 200 and r.json()["replicas"]["ready"] == 2, r.text
+    assert httpx.post(f"{cluster.url}/delete_model", json={"model_name": ST_DEMO}, timeout=120).status_code == 200
+    wait_for(lambda: all(runtime_models(u) == {} for u in urls), 10, "still listed after the delete")
+    assert [embed(u, ST_DEMO) for u in urls] == [404, 404]
+
+
+def test_two_replicas_registering_at_once_with_the_cap_at_one_leave_one_everywhere(cluster):
+    urls = [cluster.replica_url(r.index) for r in cluster.replicas]
+    results: dict[str, httpx.Response] = {}
+
+    def register(url: str, path: str, model: str):
+        results[model] = httpx.post(f"{url}{path}", json={"model_name": model}, timeout=600)
+
+    threads = [threading.Thread(target=register, args=(urls[0], "/load_sentence_transformer_model", ST_DEMO)),
+               threading.Thread(target=register, args=(urls[1], "/load_clip_model", CLIP_DEMO))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(600)
+    codes = {m: r.status_code for m, r in results.items()}
+    assert set(codes.values()) <= {200, 503} and 200 in codes.values(), {m: r.text for m, r in results.items()}
+    wait_for(lambda: runtime_models(urls[0]).keys() == runtime_models(urls[1]).keys()
+             and len(runtime_models(urls[0])) == 1, 30, "not one model everywhere")
+    remaining = set(runtime_models(urls[0]))
+    print(f"cap race: answers {codes}, remaining {remaining}")
+    for model in remaining:
+        httpx.post(f"{cluster.url}/delete_model", json={"model_name": model}, timeout=120)
+
+
+def test_with_redis_a_faiss_collection_is_refused_naming_qdrant_url(cluster):
+    r = httpx.put(f"{cluster.url}/collections/shared", json={"model": CLIP_DEMO, "store": "faiss"}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "collection_not_shared", r.text
+    assert "QDRANT_URL" in r.json()["error"]["message"]
 
 
 def test_stop_leaves_no_process_region_or_state_file(cluster):

@@ -94,6 +94,7 @@ async def embed(request: Request, info: CollectionInfo, kinds: list[str], values
 @router.put("/collections/{name}")
 async def create_collection(name: str, body: CreateCollection, request: Request):
     check_name(name)
+    collections(request).check_shared(name, body.store)  # before the model: refused as asked, whatever it names
     spec = await model_spec(request.app.state, body.model, body.pretrained)
     if spec.kind != "clip" or not spec.image_model:
         raise BadRequest(f"model '{body.model}' is not a CLIP model (load one with POST /load_clip_model)",

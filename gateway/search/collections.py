@@ -173,24 +173,25 @@ class Collections:
         return body
 
     def _store(self, name: str):
-        self.check_shared(self.info(name))
+        info = self.info(name)
+        self.check_shared(name, info.store)
         if name in self.broken:
             raise Unavailable(f"collection '{name}' failed to open: {self.broken[name]}", retry_after=60)
         return self.stores[name]
 
-    def check_shared(self, info: CollectionInfo) -> None:
+    def check_shared(self, name: str, store: str) -> None:
         """With REDIS_URL (several replicas) a collection must live where every replica sees it: a Qdrant
         server (QDRANT_URL). A Faiss collection, or Qdrant's local mode, is one replica's alone."""
-        if self.settings.redis_url and (info.store != "qdrant" or not self.settings.qdrant_url):
-            where = "Faiss" if info.store == "faiss" else "Qdrant's local mode (no QDRANT_URL)"
-            raise BadRequest(f"collection '{info.name}' is in {where}, which only this replica sees, and REDIS_URL "
+        if self.settings.redis_url and (store != "qdrant" or not self.settings.qdrant_url):
+            where = "Faiss" if store == "faiss" else "Qdrant's local mode (no QDRANT_URL)"
+            raise BadRequest(f"collection '{name}' is in {where}, which only this replica sees, and REDIS_URL "
                              "is set (several replicas serve as one): collections must be shared; set QDRANT_URL "
                              "to a Qdrant server and use \"store\": \"qdrant\"", param="store",
                              code="collection_not_shared")
 
     async def create(self, info: CollectionInfo) -> bool:
         """True if created, False if it already exists with the same settings (Conflict otherwise)."""
-        self.check_shared(info)
+        self.check_shared(info.name, info.store)
         async with self._meta_lock:
             old = self.infos.get(info.name)
             if old is not None:
