@@ -33,13 +33,17 @@ KEY = "gk-bench-key-0123456789"
 def middleware_cost(calls: int = 20000) -> dict[str, float]:
     """Microseconds per request of the keyed app's middleware stack vs the open app's, around a route
     that answers at once (the ASGI app called directly)."""
+    with tempfile.TemporaryDirectory(prefix="bench-security-") as tmp:
+        return _middleware_cost(Path(tmp), calls)
+
+
+def _middleware_cost(tmp: Path, calls: int) -> dict[str, float]:
     from types import SimpleNamespace
 
     from gateway.app import create_app
     from gateway.keys import key_line
     from gateway.settings import Settings
 
-    tmp = Path(tempfile.mkdtemp(prefix="bench-security-"))
     (tmp / "keys").write_text(key_line(KEY, "bench", "inference", rps=1_000_000))
     apps = {"open": create_app(Settings(data_dir=tmp)), "keyed": create_app(Settings(data_dir=tmp, api_keys_file=tmp / "keys"))}
     for app in apps.values():  # GET /v1/models with no model loaded: a route that answers at once
@@ -77,11 +81,14 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=8.0)
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--calls", type=int, default=20000, help="in-process middleware calls per timing (0: skip)")
+    parser.add_argument("--log-dir", type=Path, help="keep the gateways' and Triton's logs here")
     args = parser.parse_args()
 
-    cost = middleware_cost()
-    print(f"middleware stack in process: open {cost['open']:.1f} us/request, keyed {cost['keyed']:.1f} us/request "
-          f"(+{cost['keyed'] - cost['open']:.1f} us)", flush=True)
+    if args.calls:
+        cost = middleware_cost(args.calls)
+        print(f"middleware stack in process: open {cost['open']:.1f} us/request, keyed {cost['keyed']:.1f} us/request "
+              f"(+{cost['keyed'] - cost['open']:.1f} us)", flush=True)
 
     texts = itertools.cycle(corpus(512))
 
@@ -90,19 +97,21 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="bench-security-") as tmp:
         tmp = Path(tmp)
+        logs = args.log_dir or tmp
+        logs.mkdir(parents=True, exist_ok=True)
         keys = tmp / "keys"
         from gateway.keys import key_line
 
         # the quota is exercised on every request (hit + window stats) but set above what c32 reaches
         keys.write_text(key_line(KEY, "bench", "inference", rps=100_000, concurrency=256))
         with TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          explicit_models=["text_embedding"], log_file=tmp / "tritonserver.log",
+                          explicit_models=["text_embedding"], log_file=logs / "tritonserver.log",
                           extra_repositories=[tmp / "data" / "triton_models"]) as server:
             gateways = {
                 "open": GatewayProcess(server.grpc_url, port=free_port(), data_dir=tmp / "open",
-                                       log_file=tmp / "open.log"),
+                                       log_file=logs / "open.log"),
                 "keyed": GatewayProcess(server.grpc_url, port=free_port(), data_dir=tmp / "keyed",
-                                        log_file=tmp / "keyed.log", env={"GATEWAY_API_KEYS_FILE": str(keys)}),
+                                        log_file=logs / "keyed.log", env={"GATEWAY_API_KEYS_FILE": str(keys)}),
             }
             try:
                 for gateway in gateways.values():
@@ -122,11 +131,15 @@ def main() -> int:
                         lines = gateway.log_file.read_text(errors="replace").splitlines()
                         start = next((i for i, line in enumerate(lines) if "internal error" in line), max(0, len(lines) - 30))
                         print(f"--- {name} gateway log from its first internal error:\n" + "\n".join(lines[start:start + 40]))
-                        tail = (tmp / "tritonserver.log").read_text(errors="replace").splitlines()[-15:]
+                        tail = (logs / "tritonserver.log").read_text(errors="replace").splitlines()[-15:]
                         print("--- tritonserver log tail:\n" + "\n".join(tail))
             finally:
                 for gateway in gateways.values():
                     gateway.stop()
+            for name, gateway in gateways.items():  # warm-up requests too: every internal error counts
+                text = gateway.log_file.read_text(errors="replace") if gateway.log_file.exists() else ""
+                print(f"{name} gateway log: {text.count('internal error')} internal errors, "
+                      f"{text.count('Exception in ASGI application')} unhandled exceptions")
 
     print("\n| concurrency | open req/s | keyed req/s | keyed/open | open p50 ms | keyed p50 ms | p50 delta ms |")
     print("|---|---|---|---|---|---|---|")

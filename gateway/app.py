@@ -10,6 +10,7 @@ from fastapi import Depends, FastAPI
 from gateway import admission, docs_pages, errors, prometheus, replica_id, ui
 from gateway.audit import Audit, AuditLog
 from gateway.auth import Authenticate, check_exposure
+from gateway.body_budget import BodyBudget, budget_bytes
 from gateway.body_limits import CapBodies
 from gateway.openapi import honest_openapi
 from gateway.policy import RouteTable
@@ -55,7 +56,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # metrics, audit, auth, per-key quotas, body caps (add_middleware puts the last added outermost)
     routes = RouteTable(app)
     app.state.quotas = QuotaBook(settings)
-    app.add_middleware(CapBodies, routes=routes, settings=settings)
+    app.state.body_budget = BodyBudget(budget_bytes(settings))  # request-body bytes held, all requests together
+    app.add_middleware(CapBodies, routes=routes, settings=settings, budget=app.state.body_budget)
     app.add_middleware(Quotas, book=app.state.quotas)
     app.add_middleware(Authenticate, routes=routes, ring=ring)
     app.add_middleware(Audit, routes=routes, audit_log=AuditLog(settings.data_dir / "audit.log"))

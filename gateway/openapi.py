@@ -68,7 +68,8 @@ DESCRIPTIONS = {400: "invalid request (OpenAI's error shape)",
                 409: "conflicts with the current state (loading, unloading, other settings)",
                 413: "the body is over this route's cap (refused before it is read)",
                 429: "over the key's quota: Retry-After and x-ratelimit-* headers",
-                503: "Triton not ready or over capacity: Retry-After", 504: "Triton did not answer in time"}
+                503: "Triton not ready or over capacity, the gateway draining, or the request bodies it holds "
+                     "at BODY_BUFFER_BYTES: Retry-After", 504: "Triton did not answer in time"}
 
 
 def error_statuses(method: str, path: str, has_body: bool, has_params: bool) -> list[int]:
@@ -78,8 +79,8 @@ def error_statuses(method: str, path: str, has_body: bool, has_params: bool) -> 
         statuses.add(400)
     if has_body:
         statuses.update((408, 413))
-    if policy.scope is not None:
-        statuses.update((401, 403, 429))
+    if policy.scope is not None:  # 503: refused while Triton is down or the gateway drains (gateway/admission.py)
+        statuses.update((401, 403, 429, 503))
     return sorted(statuses)
 
 
