@@ -8,17 +8,13 @@ then. A body that does not fit now gets a 503 with Retry-After (gateway/body_lim
 than the whole budget could never fit, so the budget is also a ceiling on every route's cap (413)."""
 from __future__ import annotations
 
-import os
-
 MIB = 1024 * 1024
 DEFAULT_BUDGET = 64 * MIB
 
 
 def budget_bytes(settings) -> int:
-    """BODY_BUFFER_BYTES: the Settings field when it has one, else the environment, else 64 MiB."""
-    value = getattr(settings, "body_buffer_bytes", None)
-    if value is None:
-        value = int(os.environ.get("BODY_BUFFER_BYTES", DEFAULT_BUDGET))
+    """BODY_BUFFER_BYTES (gateway/settings.py), checked."""
+    value = settings.body_buffer_bytes
     if value <= 0:
         raise ValueError(f"BODY_BUFFER_BYTES must be positive, not {value}")
     return value

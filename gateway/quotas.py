@@ -222,7 +222,7 @@ async def charge_tokens(request: Request) -> None:
         return
     try:
         body = await request.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         return  # the route answers 400
     cost = completion_budget(body)
     allowed, headers = await book.hit(key, "minute", tpm, "tokens", cost)

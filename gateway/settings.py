@@ -112,6 +112,7 @@ class Settings:
     cluster_heartbeat_ttl_s: float = 10.0
     # connection and body bounds (uvicorn/httptools; docs/security.md)
     max_body_bytes: int = 128 * 1024 * 1024  # ceiling over every route's own cap
+    body_buffer_bytes: int = 64 * 1024 * 1024  # (gateway/body_budget.py's DEFAULT_BUDGET) request-body bytes held at once, all requests together (503 over it)
     body_timeout_s: float = 60.0  # the whole request body must arrive within this
     header_timeout_s: float = 10.0  # a request's headers must arrive within this
     max_header_bytes: int = 16 * 1024  # request line and headers together
@@ -200,6 +201,7 @@ class Settings:
             cluster_heartbeat_s=float(get("CLUSTER_HEARTBEAT_S", d.cluster_heartbeat_s)),
             cluster_heartbeat_ttl_s=float(get("CLUSTER_HEARTBEAT_TTL_S", d.cluster_heartbeat_ttl_s)),
             max_body_bytes=int(get("MAX_BODY_BYTES", d.max_body_bytes)),
+            body_buffer_bytes=int(get("BODY_BUFFER_BYTES", d.body_buffer_bytes)),
             body_timeout_s=float(get("BODY_TIMEOUT_S", d.body_timeout_s)),
             header_timeout_s=float(get("HEADER_TIMEOUT_S", d.header_timeout_s)),
             max_header_bytes=int(get("MAX_HEADER_BYTES", d.max_header_bytes)),

@@ -25,14 +25,11 @@ def test_budget_arithmetic():
     assert budget.used == 40 and budget.take(60) and not budget.take(1)
 
 
-def test_budget_setting(monkeypatch):
-    monkeypatch.delenv("BODY_BUFFER_BYTES", raising=False)
-    assert budget_bytes(Settings()) == DEFAULT_BUDGET == 64 << 20
-    monkeypatch.setenv("BODY_BUFFER_BYTES", "1000")
-    assert budget_bytes(Settings()) == 1000
-    monkeypatch.setenv("BODY_BUFFER_BYTES", "0")
+def test_budget_setting():
+    assert budget_bytes(Settings.from_env({})) == DEFAULT_BUDGET == 64 << 20
+    assert budget_bytes(Settings.from_env({"BODY_BUFFER_BYTES": "1000"})) == 1000
     with pytest.raises(ValueError, match="BODY_BUFFER_BYTES"):
-        budget_bytes(Settings())
+        budget_bytes(Settings.from_env({"BODY_BUFFER_BYTES": "0"}))
 
 
 class Holder:
