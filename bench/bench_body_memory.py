@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
 from tools.gateway_process import GatewayProcess  # noqa: E402
-from tools.triton_launcher import TritonServer, free_port  # noqa: E402
+from tools.triton_server import TritonServer, free_port  # noqa: E402
 
 KEY = "gk-bench-body-0123456789"
 BIG = 400_000_000

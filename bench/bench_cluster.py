@@ -26,7 +26,7 @@ import psutil  # noqa: E402
 
 from http_load import run_http_load  # noqa: E402
 from tools.cluster import Cluster, free_cluster_port  # noqa: E402
-from tools.triton_launcher import process_tree  # noqa: E402
+from tools.triton_server import process_tree  # noqa: E402
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 

@@ -36,7 +36,7 @@ import tritonclient.grpc as grpcclient
 from generate import request_inputs
 from perf import run_load
 
-from tools.triton_launcher import ROOT, TritonServer, free_port
+from tools.triton_server import ROOT, TritonServer, free_port
 
 MODELS = ["codegen_generator", "codegen", "codegen_stream"]
 STAGES = ["codegen_preprocess", "codegen_collect", "codegen_postprocess", "codegen_generator"]

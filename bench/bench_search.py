@@ -140,7 +140,7 @@ def bench_gateway(images: int, window: float, warmup: float) -> None:
     import httpx
 
     from tools.gateway_process import GatewayProcess
-    from tools.triton_launcher import TritonServer, free_port
+    from tools.triton_server import TritonServer, free_port
 
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp)

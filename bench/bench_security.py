@@ -24,7 +24,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "client"), str(ROOT / "bench"), str(ROOT /
 from bench_text_embedding import corpus  # noqa: E402
 from http_load import run_http_load  # noqa: E402
 from tools.gateway_process import GatewayProcess  # noqa: E402
-from tools.triton_launcher import TritonServer, free_port  # noqa: E402
+from tools.triton_server import TritonServer, free_port  # noqa: E402
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 KEY = "gk-bench-key-0123456789"

@@ -43,7 +43,7 @@ from bench_text_embedding import corpus  # noqa: E402
 from http_load import run_http_load  # noqa: E402
 from perf import run_load, text_inputs_factory  # noqa: E402
 from tools.gateway_process import GatewayProcess  # noqa: E402
-from tools.triton_launcher import TritonServer, free_port, process_tree  # noqa: E402
+from tools.triton_server import TritonServer, free_port, process_tree  # noqa: E402
 
 LEVELS = (1, 8, 32, 64)
 MODEL_DIR = ROOT / "model_repository" / "text_embedding_encoder" / "1"  # the all-MiniLM-L6-v2 folder Triton serves

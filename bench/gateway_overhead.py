@@ -25,7 +25,7 @@ from compare_embeddings import Contender, TreeGateway, measure  # noqa: E402
 from bench_gateway import MODEL_ID  # noqa: E402
 from bench_text_embedding import corpus  # noqa: E402
 from tools.gateway_process import GatewayProcess  # noqa: E402
-from tools.triton_launcher import free_port  # noqa: E402
+from tools.triton_server import free_port  # noqa: E402
 
 
 def main() -> int:

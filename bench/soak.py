@@ -29,7 +29,7 @@ from supervisor.faults import kill_stub  # noqa: E402
 from supervisor.monitor import Supervisor  # noqa: E402
 from supervisor.workload import Load  # noqa: E402
 from tools.server_keeper import RestartPolicy, SupervisedServer  # noqa: E402
-from tools.triton_launcher import (TritonServer, free_port, process_group, process_tree, shipped_models,  # noqa: E402
+from tools.triton_server import (TritonServer, free_port, process_group, process_tree, shipped_models,  # noqa: E402
                                    shm_regions_mapped)
 
 PIPELINES = ["text_embedding", "ner", "food_captioning", "codegen", "codegen_stream"]

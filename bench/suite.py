@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "backends"), str(ROOT / "client"), str(ROOT / "bench")]
 
 from perf import LoadResult, format_report  # noqa: E402
-from tools.triton_launcher import TritonServer, free_port, process_tree  # noqa: E402
+from tools.triton_server import TritonServer, free_port, process_tree  # noqa: E402
 
 ORDER = ["text_embedding", "ner", "food_captioning", "codegen"]
 

@@ -34,7 +34,7 @@ from suite import memory_mib  # noqa: E402
 from http_load import run_http_load  # noqa: E402
 from perf import run_load, text_inputs_factory  # noqa: E402
 from tools.model_repo import parse_config  # noqa: E402
-from tools.triton_launcher import TritonServer, free_port  # noqa: E402
+from tools.triton_server import TritonServer, free_port  # noqa: E402
 
 CONCURRENCY = (1, 8, 32)
 

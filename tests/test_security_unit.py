@@ -12,7 +12,8 @@ from gateway.openapi import complete
 from gateway.policy import ROUTES, cap, texts_cap
 from gateway.quotas import completion_budget, reset_text
 from gateway.settings import Settings
-from supervisor.exposure import gateway_keys, triton_host
+from supervisor.exposure import triton_host
+from tools.gateway_process import gateway_keys
 from tools.triton_launcher import TritonServer
 
 

@@ -39,7 +39,7 @@ if str(ROOT) not in sys.path:
 from supervisor.exposure import is_loopback  # noqa: E402
 from tools.redis_server import RedisServer  # noqa: E402
 from tools.server_keeper import RestartPolicy, describe_exit  # noqa: E402
-from tools.triton_launcher import free_port, process_tree, shm_regions_mapped  # noqa: E402
+from tools.triton_server import free_port, process_tree, shm_regions_mapped  # noqa: E402
 
 BACKEND = "gateways"
 STATE = "cluster.json"

@@ -255,7 +255,7 @@ class Prometheus:
     """A Prometheus server on a free port scraping the given targets every second."""
 
     def __init__(self, targets: dict[str, tuple[str, str]], workdir: Path):
-        from tools.triton_launcher import free_port
+        from tools.triton_server import free_port
 
         self.binary = shutil.which("prometheus")
         if self.binary is None:
@@ -374,7 +374,7 @@ def live_promql_check(workdir: Path, low_concurrency: int = 1, high_concurrency:
     text_embedding and a few gateway calls; then every expression is evaluated."""
     sys.path.insert(0, str(ROOT))
     from tools.gateway_process import GatewayProcess
-    from tools.triton_launcher import TritonServer, free_port
+    from tools.triton_server import TritonServer, free_port
 
     data_dir = workdir / "data"
     server = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),

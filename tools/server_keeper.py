@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.triton_launcher import TritonServer
+from tools.triton_server import TritonServer
 
 log = logging.getLogger("triton.keeper")
 

@@ -1,244 +1,22 @@
-"""Starts the tritonserver binary shipped in the nvidia-pytriton wheel over this repository.
-
-Used by `make triton` (foreground, Ctrl-C / SIGTERM stop it cleanly) and by the test fixtures
-(free ports, always stopped). Environment set-up follows ../shared/FINDINGS.md.
+"""`make triton`: Triton (tools/triton_server.py), restarted when it crashes (tools/server_keeper.py), its
+supervisor, and the gateway (tools/gateway_process.py), in the foreground; Ctrl-C / SIGTERM drain the
+gateway and stop everything cleanly.
 """
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import signal
-import socket
 import subprocess
 import sys
-import sysconfig
-import time
-import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-MODEL_REPOSITORY = ROOT / "model_repository"
-BACKENDS = ROOT / "backends"
-SHM_GLOB = "/dev/shm/triton_*shm_region_*"  # python: triton_python_backend_..., Python-based: triton_<backend>_backend_...
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script by `make triton`
 
-
-def tritonserver_binary() -> Path:
-    import pytriton
-
-    return Path(pytriton.__file__).parent / "tritonserver" / "bin" / "tritonserver"
-
-
-def server_env() -> dict[str, str]:
-    """LD_LIBRARY_PATH and PATH so the stub embeds this venv's interpreter and finds its packages."""
-    import pytriton
-
-    site = Path(pytriton.__file__).parent.parent
-    libs = [sysconfig.get_config_var("LIBDIR"), str(site / "nvidia_pytriton.libs")]
-    env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = ":".join(libs + [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p])
-    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    # Triton's stubs only read model folders on disk; hub downloads of runtime loads are the gateway's
-    # (HUB_DOWNLOADS, gateway/hub.py), whose environment is not this one
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def process_tree(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    tree, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        tree.append(p)
-        todo += children.get(p, [])
-    return tree
-
-
-def process_group(pgid: int) -> list[int]:
-    """Every process of a process group: a dead server's stubs, re-parented, are still in the server's."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) == pgid:
-                members.append(int(stat.parent.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return members
-
-
-def shm_regions_mapped(pids: list[int]) -> set[str]:
-    """The Python-backend shared-memory regions these processes map (a region already unlinked is skipped)."""
-    regions = set()
-    for pid in pids:
-        try:
-            maps = Path(f"/proc/{pid}/maps").read_text()
-        except OSError:
-            continue
-        for line in maps.splitlines():
-            path = line.split(maxsplit=5)[-1]
-            if path.startswith("/dev/shm/triton_") and "_shm_region_" in path and not path.endswith("(deleted)"):
-                regions.add(path)
-    return regions
-
-
-class TritonServer:
-    def __init__(self, host="127.0.0.1", http_port=8000, grpc_port=8001, metrics_port=8002,
-                 model_repository=MODEL_REPOSITORY, explicit_models: list[str] | None = None,
-                 log_file: Path | None = None, extra_args: list[str] | None = None,
-                 extra_repositories: list[Path] | None = None, metrics_host: str | None = None):
-        self.host, self.http_port, self.grpc_port, self.metrics_port = host, http_port, grpc_port, metrics_port
-        self.metrics_host = metrics_host or host  # metrics are read-only: scrapers may reach them off loopback
-        self.model_repository = Path(model_repository)
-        # e.g. the gateway's generated models (DATA_DIR/triton_models): Triton serves both folders
-        self.extra_repositories = [Path(p) for p in extra_repositories or []]
-        self.explicit_models = explicit_models
-        self.log_file = log_file
-        self.extra_args = extra_args or []
-        self.process: subprocess.Popen | None = None
-        self.last_exit_code: int | None = None  # the previous process's, once stopped (tools/server_keeper.py)
-        self._shm_before: set[str] = set()
-        self._shm_seen: set[str] = set()  # regions this server's processes mapped, as of the last note
-
-    @property
-    def client_host(self) -> str:
-        return "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-
-    @property
-    def http_url(self) -> str:
-        return f"{self.client_host}:{self.http_port}"
-
-    @property
-    def grpc_url(self) -> str:
-        return f"{self.client_host}:{self.grpc_port}"
-
-    @property
-    def metrics_url(self) -> str:
-        host = "127.0.0.1" if self.metrics_host in ("0.0.0.0", "") else self.metrics_host
-        return f"http://{host}:{self.metrics_port}/metrics"
-
-    def command(self) -> list[str]:
-        cmd = [
-            str(tritonserver_binary()),
-            f"--model-repository={self.model_repository}",
-            *[f"--model-repository={p}" for p in self.extra_repositories],
-            f"--backend-directory={BACKENDS}",
-            f"--http-address={self.host}", f"--http-port={self.http_port}",
-            f"--grpc-address={self.host}", f"--grpc-port={self.grpc_port}",
-            f"--metrics-address={self.metrics_host}", f"--metrics-port={self.metrics_port}",
-            "--log-verbose=0",
-            # Every config here is complete and no model.py defines auto_complete_config, yet with
-            # auto-complete on, each Python-model load first runs a throwaway stub that imports model.py:
-            # 5 s of the generator's 8.5 s heal (torch import), 1.7 s of the text encoder's 2.6 s (measured).
-            "--disable-auto-complete-config",
-        ]
-        if self.explicit_models is not None:
-            cmd.append("--model-control-mode=explicit")
-            cmd += [f"--load-model={m}" for m in self.explicit_models]
-        return cmd + self.extra_args
-
-    def start(self, timeout: float = 300.0, append_log: bool = False) -> "TritonServer":
-        """`append_log`: a restart (tools/server_keeper.py) adds to the log instead of replacing it."""
-        self._shm_before = set(glob.glob(SHM_GLOB))
-        for repository in self.extra_repositories:
-            repository.mkdir(parents=True, exist_ok=True)
-        if self.log_file:
-            Path(self.log_file).parent.mkdir(parents=True, exist_ok=True)
-        out = open(self.log_file, "ab" if append_log else "wb") if self.log_file else None
-        self.process = subprocess.Popen(self.command(), env=server_env(), stdout=out, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
-        if out is not None:
-            out.close()  # the server holds its own copy
-        try:
-            self.wait_ready(timeout)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def is_ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"tritonserver exited with code {self.process.returncode}" + self._log_hint())
-            if self.is_ready():
-                return
-            time.sleep(0.25)
-        raise TimeoutError(f"tritonserver not ready after {timeout:.0f}s" + self._log_hint())
-
-    def _log_hint(self) -> str:
-        return f" (log: {self.log_file})" if self.log_file else ""
-
-    def stop(self, timeout: float = 60.0) -> None:
-        """SIGTERM the server, wait for its stubs to exit; kill the process group if it hangs."""
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.note_regions()
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        # a server that died (kill -9, abort) leaves its stubs re-parented but still in its process group
-        self._shm_seen |= shm_regions_mapped(process_group(self.process.pid))
-        try:  # stubs share the server's session: make sure none outlives it
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        for region in self._shm_seen - self._shm_before:
-            Path(region).unlink(missing_ok=True)
-        self._shm_seen.clear()
-        self.last_exit_code = self.process.returncode
-        self.process = None
-
-    def note_regions(self) -> None:
-        """Remembers the shared-memory regions the server and its stubs map now, for stop() to remove: Triton
-        leaves some behind (a model version it never unloads after a stub died keeps its regions to the
-        end), and once the server has exited its processes can no longer be asked. Only this server's:
-        other servers on the box (tests, soak) create theirs meanwhile."""
-        if self.process is not None:
-            self._shm_seen |= shm_regions_mapped(process_tree(self.process.pid))
-
-    def wait(self, note_every_s: float = 2.0) -> int:
-        """Waits for the server to exit, noting its regions meanwhile; returns its exit code."""
-        while True:
-            try:
-                return self.process.wait(note_every_s)
-            except subprocess.TimeoutExpired:
-                self.note_regions()
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
-
-
-def shipped_models() -> list[str]:
-    """Every model folder of model_repository/: what `make triton` loads at start (explicit mode)."""
-    return sorted(p.parent.name for p in MODEL_REPOSITORY.glob("*/config.pbtxt"))
+# re-exported: what the tests, benches and tools have long imported from here
+from tools.triton_server import (BACKENDS, MODEL_REPOSITORY, ROOT, SHM_GLOB, TritonServer,  # noqa: E402,F401
+                                 free_port, process_group, process_tree, server_env, shipped_models,
+                                 shm_regions_mapped, tritonserver_binary)
 
 
 def main() -> int:
@@ -261,11 +39,11 @@ def main() -> int:
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from tools.cpu_notice import cpu_notice, cuda_devices
-    from tools.gateway_process import GatewayKeeper, GatewayProcess
+    from tools.gateway_process import GatewayKeeper, GatewayProcess, gateway_keys
     from tools.server_keeper import CrashLoop, RestartPolicy, ServerKeeper
 
     data_dir = args.data_dir.resolve()
-    from supervisor.exposure import admin_key, gateway_keys, is_loopback, restricted_api_args, restriction_required, \
+    from supervisor.exposure import admin_key, is_loopback, restricted_api_args, restriction_required, \
         triton_host
     from supervisor.canaries import default_canaries
     from supervisor.monitor import Supervisor, admin_headers
