@@ -3,17 +3,26 @@
 The corpus is the standard library's top-level modules, each parsed and written back by `ast.unparse`
 with its docstrings left out (one uniform style, no prose), minus one module in ten (chosen by a hash
 of its name) that is held out: tests/test_demo_codegen.py completes function headers from those.
+
+What the model is asked to do is continue a function header at column 0 ("def name(args):"), so most
+of each batch is exactly that: windows that start at a function or method of the training modules,
+written back on its own at column 0 (a method's body at 4 spaces, not 8), without decorators, and
+followed by a blank line and the end-of-text token, so the model learns where a function ends. The
+rest of each batch is windows cut anywhere from the whole modules (imports, classes, module code), so
+that prompts which are not a function header ("import os\n", a class) are continued with code.
 """
 from __future__ import annotations
 
 import ast
 import hashlib
+import math
 from pathlib import Path
 
 from build.common import TrainLog, seed_everything
 
 SEED = 20240501
-CONTEXT, BATCH, STEPS, LR = 128, 16, 400, 3e-3
+CONTEXT, BATCH, STEPS, LR, WARMUP = 128, 16, 1200, 6e-3, 40
+MODULE_WINDOWS = 4  # of each batch's windows, cut anywhere from whole modules; the others start at a function
 NAME = "codegen"  # .artifacts/trained/<NAME>/
 SOURCES = [Path(__file__), Path(__file__).with_name("codegen.py")]
 
@@ -50,6 +59,25 @@ def corpus(split: str) -> list[str]:
     return texts
 
 
+def functions(module_text: str) -> list[str]:
+    """The module's functions and the methods of its classes (nested classes too), in source order, each
+    written back at column 0 without its decorators and followed by a blank line; a nested function
+    stays inside its parent."""
+    found = []
+
+    def visit(body):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                node.decorator_list = []
+                found.append(ast.unparse(node) + "\n\n")  # the end-of-text token follows a blank line,
+                # never a line such as "def f():" whose block is still to come
+            elif isinstance(node, ast.ClassDef):
+                visit(node.body)
+
+    visit(ast.parse(module_text).body)
+    return found
+
+
 def function_headers(count: int) -> list[str]:
     """'def name(args):' lines of functions in the held-out modules, in source order, at most count."""
     headers = []
@@ -63,30 +91,39 @@ def function_headers(count: int) -> list[str]:
     return headers[::step][:count]
 
 
-def train(dest: Path, steps: int = STEPS) -> None:
+def train(dest: Path, steps: int = STEPS, lr: float = LR, batch: int = BATCH, context: int = CONTEXT) -> None:
     import torch
 
     from build.codegen import demo_model, train_demo_tokenizer
 
-    texts = corpus("train")
-    tokenizer = train_demo_tokenizer(texts)
+    modules = corpus("train")
+    chunks = [f for text in modules for f in functions(text)]
+    tokenizer = train_demo_tokenizer(modules)
     model = demo_model(tokenizer)
     eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    ids = []
-    for text in texts:
-        ids += tokenizer(text).input_ids + [eos]
-    data = torch.tensor(ids)
+    ids, starts = [], []
+    for chunk in chunks:
+        starts.append(len(ids))
+        ids += tokenizer(chunk).input_ids + [eos]
+    ids += [eos] * context  # so that a window may start at the last function
+    module_ids = []
+    for text in modules:
+        module_ids += tokenizer(text).input_ids + [eos]
+    data, module_data, starts = torch.tensor(ids), torch.tensor(module_ids), torch.tensor(starts)
     seed_everything(SEED)
     generator = torch.Generator().manual_seed(SEED)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01, betas=(0.9, 0.98))
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / 20) * max(0.1, 1 - s / max(1, steps)))
-    log = TrainLog(f"codegen GPT-J ({len(ids)} tokens)", steps)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+    # linear warm-up, then a cosine down to a tenth
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / WARMUP) * (
+        0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, s / max(1, steps))))))
+    log = TrainLog(f"codegen GPT-J ({len(chunks)} functions, {len(module_ids)} tokens of modules)", steps)
     model.train()
     for step in range(steps):
-        starts = torch.randint(0, len(data) - CONTEXT - 1, (BATCH,), generator=generator)
-        batch = torch.stack([data[s:s + CONTEXT] for s in starts.tolist()])
-        loss = model(input_ids=batch, labels=batch).loss
+        picks = starts[torch.randint(0, len(starts), (batch - MODULE_WINDOWS,), generator=generator)]
+        anywhere = torch.randint(0, len(module_data) - context, (MODULE_WINDOWS,), generator=generator)
+        windows = torch.stack([data[s:s + context] for s in picks.tolist()]
+                              + [module_data[s:s + context] for s in anywhere.tolist()])
+        loss = model(input_ids=windows, labels=windows).loss
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -101,23 +138,33 @@ def train(dest: Path, steps: int = STEPS) -> None:
     tokenizer.save_pretrained(dest)
 
 
+def kept_lines(completion: str) -> list[str]:
+    """The header and the generated lines of a completion, cut at its last complete line; [] when no
+    non-blank line was generated (a header and blank lines is not a function, and must not count)."""
+    lines = completion[:completion.rfind("\n") + 1].splitlines()
+    return lines if any(line.strip() for line in lines[1:]) else []
+
+
+def parses(completion: str) -> bool:
+    """Whether a completion, cut at its last complete line, is Python with at least one generated line."""
+    lines = kept_lines(completion)
+    try:
+        return bool(lines) and ast.parse("\n".join(lines) + "\n") is not None
+    except SyntaxError:
+        return False
+
+
 def parse_share(model, tokenizer, headers: list[str], new_tokens: int = 64) -> tuple[float, list[str]]:
-    """Share of greedy completions that parse once cut at their last complete line, and the texts."""
+    """Share of greedy completions (at most new_tokens, fewer when the model ends the function with its
+    end-of-text token) that parse once cut at their last complete line, and the texts."""
     import torch
 
-    texts, ok = [], 0
+    texts = []
     for header in headers:
         prompt = header  # as a user would type it; the model starts the body with its own newline
-        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        encoded = tokenizer(prompt, return_tensors="pt")
         with torch.inference_mode():
-            out = model.generate(ids, max_new_tokens=new_tokens, do_sample=False,
+            out = model.generate(**encoded, max_new_tokens=new_tokens, do_sample=False,
                                  pad_token_id=tokenizer.eos_token_id)
-        text = prompt + tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
-        cut = text[:text.rfind("\n") + 1]
-        try:
-            ast.parse(cut)
-            ok += 1
-        except SyntaxError:
-            pass
-        texts.append(text)
-    return ok / len(headers), texts
+        texts.append(prompt + tokenizer.decode(out[0, encoded.input_ids.shape[1]:], skip_special_tokens=True))
+    return sum(map(parses, texts)) / len(headers), texts

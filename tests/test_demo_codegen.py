@@ -9,7 +9,7 @@ import pytest
 
 from model_configs import MODEL_REPOSITORY
 
-PARSE_SHARE_MIN = 0.2  # measured 0.26; the issue's goal of 0.6 is not met (docs/demo-models.md)
+PARSE_SHARE_MIN = 0.6  # the issue's goal; measured 0.76 (docs/demo-models.md)
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +39,16 @@ def test_headers_alone_do_not_parse():
     for header in headers:
         with pytest.raises(SyntaxError):
             ast.parse(header + "\n")
+
+
+def test_only_generated_lines_that_parse_count():
+    """A completion counts when, cut at its last complete line, it parses and adds a non-blank line."""
+    from build.train_codegen import parses
+
+    assert parses("def f(x):\n    return x\n    if x ==")  # the unfinished last line is cut off
+    assert not parses("def f(x):\n\n    \n")  # blank lines are not a body
+    assert not parses("def f(x):\n    return g(x\n")  # a bracket left open
+    assert not parses("def f(x):\n        return x\n    y = 1\n")  # indentation that does not match
 
 
 def test_completions_of_held_out_headers_parse(generator):
