@@ -21,9 +21,12 @@ from triton_fixtures import assert_invalid_argument, concurrently
 pytestmark = pytest.mark.integration
 
 GENERATOR_DIR = MODEL_REPOSITORY / "codegen_generator" / "1"
-PROMPTS = ["def fibonacci(n):", "import os\n", "x",
+# The first runs to 512 greedy tokens with the trained demo model (tests that need a long generation use
+# it); "def fibonacci(n):" ends early at end-of-text (the demo model ends functions: docs/demo-models.md).
+PROMPTS = ["while True:\n", "import os\n", "x",
            "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
-           "for i in range(10):\n    print(i)  # a longer prompt than the others, to force left padding"]
+           "for i in range(10):\n    print(i)  # a longer prompt than the others, to force left padding",
+           "def fibonacci(n):"]
 TIMEOUT = 300
 
 
@@ -114,7 +117,7 @@ class Stream:
 
 
 def test_greedy_equals_generate_for_concurrent_prompts(server, local):
-    lengths = [64, 48, 32, 24, 16]
+    lengths = [64, 48, 32, 24, 16, 40]
     expected = [greedy_text(local, p, n) for p, n in zip(PROMPTS, lengths)]
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
         got = list(pool.map(lambda pn: unary(server, *pn), zip(PROMPTS, lengths)))
@@ -126,7 +129,7 @@ def test_stream_pieces_concatenate_to_the_unary_output(server, local):
     full = greedy_text(local, PROMPTS[0], 40)
     stop = full[25:28]
     cases = [(PROMPTS[0], 40, {}),
-             (PROMPTS[3], 40, dict(temperature=0.9, top_k=40, top_p=0.95, seed=11)),
+             (PROMPTS[1], 40, dict(temperature=0.9, top_k=40, top_p=0.95, seed=11)),
              (PROMPTS[0], 40, dict(stop_words=["zz-never", stop]))]
     for prompt, max_tokens, options in cases:
         pieces = Stream(server, prompt, max_tokens, **options).read_all()
@@ -193,7 +196,7 @@ def find_split_character(local, prompt: str) -> tuple[int, int, str]:
 
 
 def test_a_character_split_across_tokens_streams_as_valid_utf8(server, local):
-    prompt = "x = '"
+    prompt = "name = u'\\xe9' + '"  # a string after an escaped non-ASCII one: the demo model then samples some
     seed, max_tokens, character = find_split_character(local, prompt)
     pieces = Stream(server, prompt, max_tokens, temperature=1.0, seed=seed).read_all()
     texts = [p.decode("utf-8") for p in pieces]  # strict: every piece is valid UTF-8 on its own
