@@ -181,7 +181,10 @@ def main() -> int:
         return o.end >= k and o.start <= (h or k + 180) + slack
 
     def around_a_death(o) -> bool:
-        return any(heal_window(o, (r.died_at, SERVER, r.ready_at)) for r in restarts)
+        # a restart's died_at is when the keeper saw the exit (it polls): a request answered UNAVAILABLE at the
+        # instant of the soak's own kill ends before it, so the kill's time counts as a death too
+        return any(heal_window(o, (r.died_at, SERVER, r.ready_at)) for r in restarts) or \
+            any(heal_window(o, k) for k in kills if k[1] == SERVER)
 
     failed = load.unexpected()
     # a bad request sent while the server was down cannot be refused by it: UNAVAILABLE is its answer too
