@@ -275,3 +275,25 @@ def test_with_redis_a_faiss_collection_is_refused_naming_qdrant_url(tmp_path, re
         finally:
             service.close()
     run(main())
+
+
+def test_registering_again_while_the_unload_still_runs_here_waits_for_it(tmp_path, redis_url, generated):
+    class SlowUnload(FakeEngine):
+        async def unload(self, model: str, unload_dependents: bool = False) -> None:
+            await asyncio.sleep(0.5)
+            await super().unload(model, unload_dependents)
+
+    async def main():
+        a = replica(tmp_path, redis_url, "a")
+        a.engine = SlowUnload()
+        await a.start()
+        try:
+            await a.load("m/one", None, "sentence_transformer")
+            unloading = asyncio.ensure_future(a.unload("m/one", None))
+            await until(lambda: any(e.state == "unloading" for e in a.entries.values()), what="the unload started")
+            spec, already = await a.load("m/one", None, "sentence_transformer")  # the single registry: 409
+            await unloading
+            assert not already and ready_here(a) == {"m/one"} and set(await a.shared.all()) == {"m/one"}
+        finally:
+            await a.close()
+    run(main())

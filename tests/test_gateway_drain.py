@@ -33,8 +33,9 @@ def test_sigterm_drains(triton, tmp_path):
         record = {"start": time.time(), "status": None, "events": [], "error": None}
         try:
             with httpx.Client(base_url=gateway.url, timeout=120) as http:
-                # long enough to be open at the deadline: 512 tokens at a few tokens/s on this box
-                with http.stream("POST", "/v1/completions", json={"model": "codegen", "prompt": "def f(x):",
+                # long enough to be open at the deadline: 512 tokens at a few tokens/s on this box (a prompt the
+                # demo model runs to max_tokens: it ends a function early, docs/demo-models.md)
+                with http.stream("POST", "/v1/completions", json={"model": "codegen", "prompt": "while True:\n",
                                                                   "max_tokens": 512, "stream": True}) as r:
                     record["status"] = r.status_code
                     for line in r.iter_lines():

@@ -152,8 +152,16 @@ class ClusterRegistry(ModelRegistry):
             log.error("could not take back the failed registration of %s: %s", model_id_, exc)
 
     async def _load_here(self, reg: Registration) -> tuple[ModelSpec, bool]:
-        """Load (or, for a newer version, replace) a registered model in this replica's Triton."""
-        entry = self.entries.get((reg.model_name, reg.pretrained))
+        """Load (or, for a newer version, replace) a registered model in this replica's Triton. A model
+        registered again while its earlier unload still runs here waits for that unload (bounded), where the
+        single-process registry answers 409: here the registration is already the cluster's decision."""
+        key = (reg.model_name, reg.pretrained)
+        deadline = time.monotonic() + self.settings.model_wait_s
+        while (entry := self.entries.get(key)) is not None and entry.state == "unloading":
+            if time.monotonic() > deadline:
+                raise errors.Unavailable(f"model '{reg.id}' is still being unloaded on replica {self.replica}; "
+                                         "retry later", retry_after=5, code="model_unloading")
+            await asyncio.sleep(0.1)
         newer = entry is not None and entry.state == "ready" and self.versions.get(reg.id, 0) < reg.version
         spec, already = await super().load(reg.model_name, reg.pretrained, reg.kind, replace=newer)
         self.versions[reg.id] = max(reg.version, self.versions.get(reg.id, 0))
