@@ -10,17 +10,16 @@ import time
 import httpx
 import pytest
 
-from gateway import errors, modelgen
+from gateway import errors
 from gateway.app import create_app
 from gateway.cluster.cluster_registry import ClusterRegistry
 from gateway.keys import ApiKey
-from gateway.modelgen import ModelSpec
-from gateway.modelgen.generate import generation_name
 from gateway.quotas import QuotaBook
 from gateway.registry import ModelRegistry
 from gateway.settings import Settings
 from security_helpers import KEYS, write_keys
 from test_gateway_registry import FakeEngine
+from test_registry_replace_unit import generated  # noqa: F401 - the stubbed generation fixture
 from tools.redis_server import RedisServer
 from tools.triton_launcher import free_port
 
@@ -29,18 +28,6 @@ from tools.triton_launcher import free_port
 def redis_url(tmp_path):
     with RedisServer(free_port(), tmp_path / "redis") as server:
         yield server.url
-
-
-@pytest.fixture
-def generated(monkeypatch, tmp_path):
-    def generate(name, pretrained, kind, source, repository, export=None, limits=None, generation=0):
-        base = generation_name(modelgen.triton_name(name, pretrained), generation)
-        return ModelSpec(model_name=name, pretrained=pretrained, kind=kind, dimension=8, max_tokens=16,
-                         text_model=base, image_model=None, triton_models=(base, base + "_encoder"), normalized=True)
-
-    monkeypatch.setattr(modelgen, "resolve_source", lambda name, pretrained, kind, roots, hub_options=None: tmp_path)
-    monkeypatch.setattr(modelgen, "generate", generate)
-    monkeypatch.setattr(modelgen, "remove", lambda spec, repository: None)
 
 
 def replica(tmp_path, redis_url: str, name: str, **overrides) -> ClusterRegistry:
