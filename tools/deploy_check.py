@@ -301,12 +301,9 @@ class Prometheus:
 
     def stop(self) -> None:
         if self.process is not None:
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+            from tools.triton_server import terminate
+
+            terminate(self.process, 30)
             self.process = None
 
     def __enter__(self):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from gateway.keys import key_line, new_key
 from supervisor.exposure import is_loopback
+from tools.triton_server import terminate
 
 ROOT = Path(__file__).resolve().parent.parent
 GATEWAY_KEY_ID = "generated-admin"  # the key id of the admin key generated off loopback
@@ -84,17 +85,7 @@ class GatewayProcess:
     def stop(self, timeout: float = 40.0) -> None:
         if self.process is None:
             return
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait()
+        terminate(self.process, timeout, group=True)  # SIGTERM drains (DRAIN_S) before it exits
         self.process = None
 
     def __enter__(self):

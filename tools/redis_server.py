@@ -4,11 +4,12 @@ with SIGTERM (Redis writes its data and exits) and killed if it hangs."""
 from __future__ import annotations
 
 import shutil
-import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
+
+from tools.triton_server import terminate
 
 
 def redis_binary() -> str:
@@ -61,13 +62,7 @@ class RedisServer:
     def stop(self, timeout: float = 20.0) -> None:
         if self.process is None:
             return
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process, timeout)  # Redis writes its data on SIGTERM
         self.process = None
 
     def __enter__(self):

@@ -94,6 +94,25 @@ def shm_regions_mapped(pids: list[int]) -> set[str]:
     return regions
 
 
+def terminate(process: subprocess.Popen, timeout: float, group: bool = False) -> None:
+    """SIGTERM, up to `timeout` to exit, then SIGKILL: the process, or with `group` its whole process group
+    (always: children it leaves behind, such as a server's stubs, must not outlive it)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+    if group:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    elif process.poll() is None:
+        process.kill()
+    process.wait()
+
+
 class TritonServer:
     def __init__(self, host="127.0.0.1", http_port=8000, grpc_port=8001, metrics_port=8002,
                  model_repository=MODEL_REPOSITORY, explicit_models: list[str] | None = None,
