@@ -2,7 +2,9 @@
 or shutdown work (model registry, collections) is opened in `lifespan`, in order, and closed in reverse."""
 from __future__ import annotations
 
+import inspect
 import logging
+import os
 from contextlib import AsyncExitStack, asynccontextmanager
 
 from fastapi import Depends, FastAPI
@@ -45,7 +47,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
 
     app = FastAPI(title="Triton pipelines gateway", version="0.1.0", lifespan=lifespan,
-                  **docs_pages.fastapi_kwargs(),
+                  **docs_pages.fastapi_kwargs(), **native_telemetry(),
                   description="Embeddings (OpenAI-compatible and seed-001 endpoints), runtime model management, "
                               "completions, image search, named entities and food photo captions, served by the "
                               "Triton server beside it. A browser page over this API is at /ui.")
@@ -75,6 +77,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.openapi = honest_openapi(app, settings)
     replica_id.install(app)  # x-replica-id on every response: outermost of all, even around the 500 handler
     return app
+
+
+def native_telemetry() -> dict:
+    """FastAPI's OpenTelemetry hooks (FastAPI >= 0.165) off unless FASTAPI_OTEL_AUTO_CONFIGURE=true: with them
+    on, every request asks three global OTel providers whether they are configured (py-spy: ~2% of the
+    gateway's CPU at c32), and the gateway's metrics are its own Prometheus ones (gateway/prometheus.py)."""
+    if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
+        return {}
+    if os.environ.get("FASTAPI_OTEL_AUTO_CONFIGURE", "").lower() == "true":
+        return {}
+    return {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
 
 
 def configure_logging() -> None:

@@ -53,7 +53,7 @@ async def embed_texts(app_state, model_name: str, texts: list[str], pretrained: 
         if not spec.text_model:
             raise BadRequest(f"model '{model_name}' does not embed text", param="model")
         vectors = await run_ensemble(app_state.engine, spec.text_model, "text", texts, spec.max_batch_size)
-    return l2_normalize(vectors) if normalize else vectors
+    return l2_normalize(vectors) if normalize and not spec.normalized else vectors
 
 
 async def embed_images(app_state, model_name: str, images: list[bytes], pretrained: str | None = None,
@@ -64,4 +64,4 @@ async def embed_images(app_state, model_name: str, images: list[bytes], pretrain
         if not spec.image_model:
             raise BadRequest(f"model '{model_name}' does not embed images (load a CLIP model for images)", param="model")
         vectors = await run_ensemble(app_state.engine, spec.image_model, "image", images, spec.max_batch_size)
-    return l2_normalize(vectors) if normalize else vectors
+    return l2_normalize(vectors) if normalize and not spec.normalized else vectors

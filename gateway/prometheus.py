@@ -19,12 +19,20 @@ class GatewayMetrics:
                               registry=self.registry)
         self.latency = Histogram("gateway_request_duration_seconds", "time to the response's first byte",
                                  ["method", "endpoint"], buckets=BUCKETS, registry=self.registry)
+        self._series: dict[tuple[str, str, int], tuple] = {}  # bounded: endpoints are route templates
 
     def observe(self, method: str, endpoint: str, status: int, seconds: float) -> None:
-        self.requests.labels(method, endpoint, str(status)).inc()
-        if status >= 400:
-            self.errors.labels(method, endpoint, str(status)).inc()
-        self.latency.labels(method, endpoint).observe(seconds)
+        series = self._series.get((method, endpoint, status))
+        if series is None:  # labels() takes a lock and builds a key per call: once per series, not per request
+            labels = (method, endpoint, str(status))
+            series = self._series[(method, endpoint, status)] = (
+                self.requests.labels(*labels), self.errors.labels(*labels) if status >= 400 else None,
+                self.latency.labels(method, endpoint))
+        requests, errors, latency = series
+        requests.inc()
+        if errors is not None:
+            errors.inc()
+        latency.observe(seconds)
 
     def exposition(self) -> Response:
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)

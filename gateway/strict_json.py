@@ -8,30 +8,30 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
+import orjson
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
-
-def _refuse(constant: str):
-    raise ValueError(constant)
+CONSTANTS = ("NaN", "Infinity", "-Infinity")
 
 
 def loads(body: bytes | str) -> Any:
-    """json.loads without NaN/Infinity: JSONDecodeError naming the constant and where it is. JSON nested
-    deeper than Python's recursion limit is a JSONDecodeError too: json raises RecursionError for it, which
-    is no ValueError, so callers that catch ValueError for bad JSON let it through as a 500 (seen: POST
-    /v1/completions with 5,000 '[' and a tokens-per-minute quota)."""
+    """Strict JSON through orjson: NaN, Infinity, numbers that overflow a double (json reads 1e400 as
+    inf), lone surrogates and nesting deeper than 1024 are all refused as JSONDecodeError, which the
+    routes answer with a 400 (json's RecursionError for deep nesting is no ValueError: it was a 500,
+    seen on POST /v1/completions with 5,000 '['). orjson also parses ~3x faster than json."""
     try:
-        return json.loads(body, parse_constant=_refuse)
-    except json.JSONDecodeError:
-        raise
-    except RecursionError:
-        raise json.JSONDecodeError("nested too deeply", "", 0) from None
-    except ValueError as exc:
-        text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
-        constant = str(exc)
-        raise json.JSONDecodeError(f"{constant} is not a JSON number (NaN and Infinity are refused)", text,
-                                   max(text.find(constant), 0)) from None
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        text = body.decode("utf-8", "replace") if isinstance(body, (bytes, bytearray, memoryview)) else body
+        if "depth" in exc.msg:
+            raise json.JSONDecodeError("nested too deeply", text, exc.pos) from None
+        for at in (exc.pos - 1, exc.pos):  # orjson points at the "-" of -Infinity or after it
+            constant = next((c for c in CONSTANTS if at >= 0 and text.startswith(c, at)), None)
+            if constant:
+                raise json.JSONDecodeError(f"{constant} is not a JSON number (NaN and Infinity are refused)",
+                                           text, at) from None
+        raise json.JSONDecodeError(exc.msg, text, exc.pos) from None
 
 
 class StrictJSONRequest(Request):

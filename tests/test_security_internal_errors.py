@@ -31,6 +31,33 @@ def test_json_nested_too_deep_is_a_decode_error():
     assert target_of({}, b'{"model_name": "some/model"}') == "some/model"
 
 
+@pytest.mark.parametrize("body, says", [
+    (b'{"input": [1, NaN]}', "NaN is not a JSON number"),
+    (b'{"input": -Infinity}', "-Infinity is not a JSON number"),
+    (b'{"input": 1e400}', "infinity"),  # json read it as float('inf'): a non-finite number by another door
+    (b'{"input": "\\ud800"}', "surrogate"),  # json read it into a str that fails UTF-8 encoding later (a 500)
+    (b'{"input": "a",}', "trailing comma"),
+])
+def test_strict_json_refuses_what_is_not_json(body, says):
+    with pytest.raises(json.JSONDecodeError, match=says):
+        strict_json.loads(body)
+
+
+def test_strict_json_reads_json():
+    assert strict_json.loads('{"input": ["é", "\\u00e9"], "n": 1.5e3, "x": null}') == {"input": ["é", "é"], "n": 1500.0, "x": None}
+
+
+@pytest.mark.parametrize("body", [b'{"model": "m", "input": "\\ud800"}', b'{"model": "m", "input": 1e999}'])
+def test_embeddings_body_that_is_not_json_is_400(tmp_path, body):
+    async def scenario():
+        async with inprocess_gateway(tmp_path) as (_app, client):
+            return await client.post("/v1/embeddings", content=body, headers={"Content-Type": "application/json"})
+
+    response = asyncio.run(scenario())
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["type"] == "invalid_request_error"
+
+
 @pytest.mark.parametrize("content_type", ["text/plain", "application/json"])
 def test_nested_completion_body_with_a_token_quota_is_400(tmp_path, content_type):
     """The tokens-per-minute dependency reads the body again; with a content type FastAPI does not parse
