@@ -3,7 +3,7 @@ POST /v1/embeddings (cap 16 MiB at the defaults), against a gateway per BODY_BUF
 in front of the same Triton. Prints each body's status, the MiB it sent before the answer and the seconds
 to it, and the gateway's RSS: idle, peak while the bodies arrive (sampled every 5 ms), and after.
 
-    .venv/bin/python bench/bench_body_memory.py [--budgets 1073741824,67108864] [--bodies 8]
+    .venv/bin/python bench/bench_body_memory.py [--budgets 1073741824,46137344] [--bodies 8]
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
+from gateway.body_budget import DEFAULT_BUDGET  # noqa: E402
 from tools.gateway_process import GatewayProcess  # noqa: E402
 from tools.triton_server import TritonServer, free_port  # noqa: E402
 
@@ -95,7 +96,7 @@ def measure(gateway: GatewayProcess, bodies: int) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--budgets", default=f"{1 << 30},{64 << 20}",
+    parser.add_argument("--budgets", default=f"{1 << 30},{DEFAULT_BUDGET}",
                         help="BODY_BUFFER_BYTES values, comma-separated (1 GiB: in effect no budget)")
     parser.add_argument("--bodies", type=int, default=8)
     args = parser.parse_args()

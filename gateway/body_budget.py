@@ -9,7 +9,9 @@ than the whole budget could never fit, so the budget is also a ceiling on every 
 from __future__ import annotations
 
 MIB = 1024 * 1024
-DEFAULT_BUDGET = 64 * MIB
+# a maximal /v1/embeddings body (256 x 64 KiB) beside one maximal image in base64 (20 MiB x 4/3), and
+# no more: 8 chunked 400 MB bodies at 64 MiB pinned +70 MiB of RSS, over issue 25's 50 MB goal
+DEFAULT_BUDGET = 44 * MIB
 
 
 def budget_bytes(settings) -> int:

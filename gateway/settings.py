@@ -112,7 +112,7 @@ class Settings:
     cluster_heartbeat_ttl_s: float = 10.0
     # connection and body bounds (uvicorn/httptools; docs/security.md)
     max_body_bytes: int = 128 * 1024 * 1024  # ceiling over every route's own cap
-    body_buffer_bytes: int = 64 * 1024 * 1024  # (gateway/body_budget.py's DEFAULT_BUDGET) request-body bytes held at once, all requests together (503 over it)
+    body_buffer_bytes: int = 44 * 1024 * 1024  # (gateway/body_budget.py's DEFAULT_BUDGET) request-body bytes held at once, all requests together (503 over it)
     body_timeout_s: float = 60.0  # the whole request body must arrive within this
     header_timeout_s: float = 10.0  # a request's headers must arrive within this
     max_header_bytes: int = 16 * 1024  # request line and headers together

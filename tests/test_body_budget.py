@@ -26,7 +26,7 @@ def test_budget_arithmetic():
 
 
 def test_budget_setting():
-    assert budget_bytes(Settings.from_env({})) == DEFAULT_BUDGET == 64 << 20
+    assert budget_bytes(Settings.from_env({})) == DEFAULT_BUDGET == 44 << 20
     assert budget_bytes(Settings.from_env({"BODY_BUFFER_BYTES": "1000"})) == 1000
     with pytest.raises(ValueError, match="BODY_BUFFER_BYTES"):
         budget_bytes(Settings.from_env({"BODY_BUFFER_BYTES": "0"}))
@@ -173,7 +173,7 @@ INFERENCE = "gk-inference-0123456789"
 def traced_after(tmp_path, messages, occupied: int = 0) -> tuple[int | None, float]:
     """(status sent, MiB still allocated once the request has ended) for one POST /v1/embeddings whose
     receive() gives `messages`, the cyclic GC off: what only it would free counts as held. `occupied`:
-    bytes of the body budget (64 MiB) other requests hold meanwhile."""
+    bytes of the body budget (BODY_BUFFER_BYTES) other requests hold meanwhile."""
     import gc
     import tracemalloc
 
@@ -233,7 +233,7 @@ def test_a_failed_body_read_frees_its_chunks_at_once(tmp_path, case):
         status, held = traced_after(tmp_path, pieces(80))  # 5 MiB chunked, cap 4 MiB
         assert status == 413
     elif case == "over the budget":
-        status, held = traced_after(tmp_path, pieces(80), occupied=(64 << 20) - (3 << 20))
+        status, held = traced_after(tmp_path, pieces(80), occupied=DEFAULT_BUDGET - (3 << 20))
         assert status == 503  # 3 MiB of the budget left, under the 4 MiB cap
     else:
         status, held = traced_after(tmp_path, pieces(60, {"type": "http.disconnect"}))
