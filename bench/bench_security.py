@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "client"), str(ROOT / "bench"), str(ROOT / "tests")]
 
+from bench_gateway import CpuShare  # noqa: E402
 from bench_text_embedding import corpus  # noqa: E402
 from http_load import run_http_load  # noqa: E402
 from tools.gateway_process import GatewayProcess  # noqa: E402
@@ -120,11 +121,16 @@ def main() -> int:
                 for _round in range(args.rounds):
                     for concurrency in (1, 32):
                         for name, gateway in gateways.items():
+                            cpu = CpuShare([gateway.process.pid])
                             result = run_http_load(f"{gateway.url}/v1/embeddings", body, concurrency, args.window,
                                                    args.warmup, label=name, api_key=KEY if name == "keyed" else None)
+                            # the gateway's CPU per request (warm-up included at the window's rate): the figure
+                            # that drifts least here, and what a key costs the 2 cores Triton shares
+                            result.gateway_cpu_ms = cpu.share() * 1000 / max(result.throughput, 1e-9)
                             results.setdefault((name, concurrency), []).append(result)
                             print(f"  round {_round + 1} c{concurrency} {name:5}: {result.throughput:7.1f} req/s, "
-                                  f"p50 {result.percentile(50) * 1000:6.2f} ms, errors {result.errors}"
+                                  f"p50 {result.percentile(50) * 1000:6.2f} ms, gateway CPU {result.gateway_cpu_ms:.3f} "
+                                  f"ms/req, errors {result.errors}"
                                   + (f" ({result.first_error})" if result.errors else ""), flush=True)
                 for name, gateway in gateways.items():  # errors: show why, before the logs go with tmp
                     if any(r.errors for r in results[(name, 1)] + results[(name, 32)]):
@@ -141,16 +147,19 @@ def main() -> int:
                 print(f"{name} gateway log: {text.count('internal error')} internal errors, "
                       f"{text.count('Exception in ASGI application')} unhandled exceptions")
 
-    print("\n| concurrency | open req/s | keyed req/s | keyed/open | open p50 ms | keyed p50 ms | p50 delta ms |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| concurrency | open req/s | keyed req/s | keyed/open | open p50 ms | keyed p50 ms | p50 delta ms "
+          "| gateway CPU ms/req open, keyed (delta) |")
+    print("|---|---|---|---|---|---|---|---|")
     for concurrency in (1, 32):
         rows = {}
         for name in ("open", "keyed"):
             runs = results[(name, concurrency)]
             rows[name] = (statistics.mean(r.throughput for r in runs),
-                          statistics.median(r.percentile(50) for r in runs) * 1000)
-        (ot, op), (kt, kp) = rows["open"], rows["keyed"]
-        print(f"| {concurrency} | {ot:.1f} | {kt:.1f} | {kt / ot:.3f} | {op:.2f} | {kp:.2f} | {kp - op:+.2f} |")
+                          statistics.median(r.percentile(50) for r in runs) * 1000,
+                          statistics.mean(r.gateway_cpu_ms for r in runs))
+        (ot, op, oc), (kt, kp, kc) = rows["open"], rows["keyed"]
+        print(f"| {concurrency} | {ot:.1f} | {kt:.1f} | {kt / ot:.3f} | {op:.2f} | {kp:.2f} | {kp - op:+.2f} "
+              f"| {oc:.3f}, {kc:.3f} ({(kc - oc) * 1000:+.0f} us) |")
     return 0
 
 

@@ -6,9 +6,12 @@ import asyncio
 
 import numpy as np
 
+from gateway.coalesce import Coalescer
 from gateway.errors import BadRequest, PayloadTooLarge
 from gateway.modelgen import ModelSpec
 from gateway.triton_engine import TritonEngine, string_rows
+
+MAX_COALESCERS = 64
 
 
 def check_count(items: list, settings, what: str) -> None:
@@ -36,9 +39,39 @@ def l2_normalize(vectors: np.ndarray) -> np.ndarray:
 
 async def run_ensemble(engine: TritonEngine, model: str, input_name: str, items: list, max_batch: int) -> np.ndarray:
     chunks = [items[i:i + max_batch] for i in range(0, len(items), max_batch)]
+    if len(chunks) == 1:  # the common case: no gather, no task; a copy, as concatenate makes (the output is a
+        # read-only view of the gRPC message)
+        return np.array((await engine.infer(model, {input_name: string_rows(chunks[0])}, ["embedding"]))["embedding"],
+                        dtype=np.float32)
     results = await asyncio.gather(*(engine.infer(model, {input_name: string_rows(chunk)}, ["embedding"])
                                      for chunk in chunks))
     return np.concatenate([r["embedding"] for r in results]).astype(np.float32, copy=False)
+
+
+def _coalescer(app_state, model: str, input_name: str, max_batch: int) -> Coalescer | None:
+    """The ensemble's Coalescer (gateway/coalesce.py), or None with COALESCE_CALLS=0."""
+    calls = app_state.settings.coalesce_calls
+    if calls <= 0:
+        return None
+    table: dict = getattr(app_state, "coalescers", None)
+    if table is None:
+        table = app_state.coalescers = {}
+    key = (model, input_name, max_batch)
+    found = table.get(key)
+    if found is None:
+        if len(table) >= MAX_COALESCERS:  # models come and go at runtime: forget the idle ones
+            for idle in [k for k, c in table.items() if not c.pending and not c.calls]:
+                del table[idle]
+        found = table[key] = Coalescer(
+            lambda items: run_ensemble(app_state.engine, model, input_name, items, max_batch), max_batch, calls)
+    return found
+
+
+async def embed(app_state, model: str, input_name: str, items: list, max_batch: int) -> np.ndarray:
+    coalescer = _coalescer(app_state, model, input_name, max_batch)
+    if coalescer is None:
+        return await run_ensemble(app_state.engine, model, input_name, items, max_batch)
+    return await coalescer.run(items)
 
 
 async def model_spec(app_state, model_name: str, pretrained: str | None = None) -> ModelSpec:
@@ -52,7 +85,7 @@ async def embed_texts(app_state, model_name: str, texts: list[str], pretrained: 
     async with app_state.models.use(model_name, pretrained) as spec:
         if not spec.text_model:
             raise BadRequest(f"model '{model_name}' does not embed text", param="model")
-        vectors = await run_ensemble(app_state.engine, spec.text_model, "text", texts, spec.max_batch_size)
+        vectors = await embed(app_state, spec.text_model, "text", texts, spec.max_batch_size)
     return l2_normalize(vectors) if normalize and not spec.normalized else vectors
 
 
@@ -63,5 +96,5 @@ async def embed_images(app_state, model_name: str, images: list[bytes], pretrain
     async with app_state.models.use(model_name, pretrained) as spec:
         if not spec.image_model:
             raise BadRequest(f"model '{model_name}' does not embed images (load a CLIP model for images)", param="model")
-        vectors = await run_ensemble(app_state.engine, spec.image_model, "image", images, spec.max_batch_size)
+        vectors = await embed(app_state, spec.image_model, "image", images, spec.max_batch_size)
     return l2_normalize(vectors) if normalize and not spec.normalized else vectors

@@ -62,6 +62,9 @@ class Settings:
     image_url_timeout_s: float = 10.0
     model_wait_s: float = 120.0  # how long a request waits for a model that is being loaded
     request_timeout_s: float = 300.0
+    # embeddings: Triton calls in flight per ensemble; requests that arrive while all are busy go together in
+    # the next one, up to the model's max batch (gateway/coalesce.py). 0: every request its own call
+    coalesce_calls: int = 4
     drain_s: float = 25.0  # on SIGTERM: how long requests in flight may finish (gateway/admission.py)
     supervisor_state_file: Path | None = None  # written by the supervisor beside Triton
     qdrant_url: str | None = None
@@ -164,6 +167,7 @@ class Settings:
             image_url_timeout_s=float(get("IMAGE_URL_TIMEOUT_S", d.image_url_timeout_s)),
             model_wait_s=float(get("MODEL_WAIT_S", d.model_wait_s)),
             request_timeout_s=float(get("REQUEST_TIMEOUT_S", d.request_timeout_s)),
+            coalesce_calls=int(get("COALESCE_CALLS", d.coalesce_calls)),
             drain_s=float(get("DRAIN_S", d.drain_s)),
             supervisor_state_file=Path(state) if state else None,
             qdrant_url=get("QDRANT_URL") or None,

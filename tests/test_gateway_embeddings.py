@@ -98,3 +98,26 @@ def test_openai_sdk_unchanged(served):
     np.testing.assert_allclose(got, normalized(reference[:, :64]), atol=1e-5)
     assert default.usage.prompt_tokens > 0
     assert MINILM in [m.id for m in client.models.list().data]
+
+
+def test_concurrent_requests_share_triton_calls_and_each_gets_its_own_vector(served):
+    """gateway/coalesce.py against the real ensemble: 48 requests at once, one sentence each, while at most
+    COALESCE_CALLS (4) calls are in flight: fewer Triton requests than HTTP requests, every row answered
+    once, and each request's vector is its own sentence's."""
+    from triton_fixtures import concurrently
+
+    subjects = ["A chef", "The old dog", "Two children", "A pilot", "My neighbour", "The committee"]
+    actions = ["cooks dinner", "sleeps by the fire", "reads a long book", "lands in the rain", "paints the fence",
+               "votes on the budget", "plays chess at noon", "sings in the choir"]
+    texts = [f"{s} {a}." for s in subjects for a in actions]  # 48 different sentences
+    reference = st_reference(minilm_path(), texts)
+    before = served.triton.stats("text_embedding")
+    responses = concurrently(lambda text: served.http.post("/v1/embeddings", json={"model": MINILM, "input": text}),
+                             texts)
+    after = served.triton.stats("text_embedding")
+    assert all(r.status_code == 200 for r in responses), [r.text for r in responses if r.status_code != 200][:2]
+    got = np.array([r.json()["data"][0]["embedding"] for r in responses], dtype=np.float32)
+    np.testing.assert_allclose(got, reference, atol=1e-5)
+    rows = after.inference_count - before.inference_count
+    calls = after.inference_stats.success.count - before.inference_stats.success.count
+    assert rows == 48 and calls < 48, (rows, calls)

@@ -1,0 +1,113 @@
+"""Rows of concurrent requests to one ensemble sent to Triton together (issue 29).
+
+Each Triton request costs the server a fixed amount beyond its rows: the gRPC call, the ensemble's
+scheduling, one round trip through every Python stage's stub. Measured on a quiet 2-core box, direct
+gRPC to `text_embedding`, alternating 3 x 2 rounds: 8-row requests at c4 gave 302 rows/s where 1-row
+requests at c32 gave 286 (+6%), and the gateway makes one gRPC call instead of eight.
+
+No timer and no added wait: at most `max_calls` calls per ensemble are in flight; a request that finds
+a free slot goes at once, alone (c1 is unchanged). Requests that arrive while every slot is busy queue,
+and the next free slot takes as many of them as fit in `max_rows`. A call that fails with the client's
+fault (400) may have been failed by one request's row: each request of it is then sent again alone, so
+that only that request fails. Every other failure (Triton gone, over capacity, timeout) is every
+row's, and each request gets it."""
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+import numpy as np
+
+from gateway.errors import BadRequest
+
+Send = Callable[[list], Awaitable[np.ndarray]]  # items -> [len(items), ...] rows, in order
+
+
+@dataclass(eq=False)
+class _Job:
+    items: list
+    future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class Coalescer:
+    """One ensemble's calls: `await run(items)` answers this request's rows, sent with others' when busy."""
+
+    def __init__(self, send: Send, max_rows: int, max_calls: int):
+        if max_rows < 1 or max_calls < 1:
+            raise ValueError(f"max_rows and max_calls must be >= 1, not {max_rows} and {max_calls}")
+        self.send, self.max_rows, self.max_calls = send, max_rows, max_calls
+        self.pending: deque[_Job] = deque()
+        self.calls = 0
+        self.tasks: set[asyncio.Task] = set()  # referenced until done: the loop keeps only weak ones
+        self.sent_calls = self.sent_requests = 0  # counters for tests and benches
+
+    async def run(self, items: list) -> np.ndarray:
+        if self.calls < self.max_calls and not self.pending:  # a free slot: this request's own call, in its task
+            self.calls += 1
+            self.sent_calls += 1
+            self.sent_requests += 1
+            try:
+                return await self.send(items)
+            finally:
+                self.calls -= 1
+                self._pump()
+        job = _Job(list(items))
+        self.pending.append(job)
+        self._pump()
+        return await job.future  # a cancelled request leaves its rows to the call: their answer is dropped
+
+    def _pump(self) -> None:
+        while self.pending and self.calls < self.max_calls:
+            batch = [self.pending.popleft()]
+            rows = len(batch[0].items)
+            while self.pending and rows + len(self.pending[0].items) <= self.max_rows:
+                job = self.pending.popleft()
+                batch.append(job)
+                rows += len(job.items)
+            live = [job for job in batch if not job.future.done()]  # cancelled while queued: not sent
+            if not live:
+                continue
+            self.calls += 1
+            task = asyncio.get_running_loop().create_task(self._call(live))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _call(self, batch: list[_Job]) -> None:
+        try:
+            self.sent_calls += 1
+            self.sent_requests += len(batch)
+            try:
+                rows = await self.send([item for job in batch for item in job.items])
+            except BadRequest:
+                if len(batch) == 1:
+                    raise
+                # whose row was it? each request alone, concurrently: only the faulty one fails
+                await asyncio.gather(*(self._alone(job) for job in batch))
+                return
+            start = 0
+            for job in batch:
+                end = start + len(job.items)
+                if not job.future.done():
+                    job.future.set_result(rows[start:end])
+                start = end
+        except BaseException as exc:  # noqa: BLE001 - every request of the call gets the call's failure
+            for job in batch:
+                if not job.future.done():
+                    job.future.set_exception(exc if isinstance(exc, Exception) else asyncio.CancelledError())
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self.calls -= 1
+            self._pump()
+
+    async def _alone(self, job: _Job) -> None:
+        try:
+            rows = await self.send(job.items)
+        except Exception as exc:  # noqa: BLE001 - this request's own failure, answered to it
+            if not job.future.done():
+                job.future.set_exception(exc)
+            return
+        if not job.future.done():
+            job.future.set_result(rows)
