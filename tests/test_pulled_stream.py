@@ -232,20 +232,24 @@ def test_waiting_for_a_row_is_not_abandonment():
 def test_through_the_engine_a_long_wait_for_a_row_still_gets_every_token():
     """Issue 35, item 6 in-process: one row, a long request holding it, and a pulled stream behind it with
     its abandon time scaled down below its wait: every token arrives and the reason is 'length'."""
-    engine = load_engine(MODEL_REPOSITORY / "codegen_generator" / "1", max_batch_size=1, max_tokens_limit=512,
+    engine = load_engine(MODEL_REPOSITORY / "codegen_generator" / "1", max_batch_size=1, max_tokens_limit=1000,
                          cancel_poll_seconds=0)
     try:
         from test_codegen_engine import Collector
 
         holder = Collector()
-        engine.submit(GenerationRequest([11, 12, 13], 500), holder)
+        # 1,000 tokens (the demo model runs to max_tokens after these ids): ~1.4 s of holding on a quiet box, so
+        # that the wait stays over abandon_s even when this thread wakes late after the first token (seen in
+        # CI on a loaded box: with 500 tokens the stream waited 0.39 s of a 0.4 s abandon time)
+        engine.submit(GenerationRequest([11, 12, 13], 1000), holder)
         holder.wait_tokens(1)
         out = Senders()
-        abandon_s = 0.4
+        abandon_s = 0.3
         stream = PulledStream(out, "call-0", abandon_after_s=abandon_s)
         queued = time.monotonic()
         engine.submit(GenerationRequest([7], 16), stream)
         holder.wait()
+        assert holder.reason == "length" and len(holder.ids) == 1000, "the holder ended early: it held no row"
         got, n, waited = [], 0, 0.0
         while True:
             chunk = out.wait_for(f"call-{n}")
