@@ -32,6 +32,18 @@ class FakeSend:
         return np.array([[len(str(item)), number] for item in items], dtype=np.float32)
 
 
+async def queued_behind_a_busy_slot(batches: list[list], max_rows: int = 8):
+    """(send, coalescer, first, queued): one slot, held by a first request ["a"] until `send.gate` opens, and a
+    request per batch queued behind it (none of them sent yet)."""
+    send = FakeSend()
+    coalescer = Coalescer(send, max_rows=max_rows, max_calls=1)
+    first = asyncio.create_task(coalescer.run(["a"]))
+    await asyncio.sleep(0)
+    queued = [asyncio.create_task(coalescer.run(items)) for items in batches]
+    await asyncio.sleep(0)
+    return send, coalescer, first, queued
+
+
 def test_a_lone_request_goes_at_once_alone():
     async def scenario():
         send = FakeSend()
@@ -46,12 +58,8 @@ def test_a_lone_request_goes_at_once_alone():
 
 def test_requests_queued_behind_busy_slots_share_the_next_call_and_get_their_own_rows():
     async def scenario():
-        send = FakeSend()
-        coalescer = Coalescer(send, max_rows=4, max_calls=1)
-        first = asyncio.create_task(coalescer.run(["a"]))
-        await asyncio.sleep(0)  # the first call is in flight; the slot is busy
-        others = [asyncio.create_task(coalescer.run(items)) for items in (["bb"], ["ccc", "dddd"], ["eeeee"], ["ff"])]
-        await asyncio.sleep(0)
+        send, coalescer, first, others = await queued_behind_a_busy_slot(
+            [["bb"], ["ccc", "dddd"], ["eeeee"], ["ff"]], max_rows=4)
         assert len(send.calls) == 1  # nothing more is sent while the only slot is busy
         send.gate.set()
         results = [await first] + [await task for task in others]
@@ -66,13 +74,7 @@ def test_requests_queued_behind_busy_slots_share_the_next_call_and_get_their_own
 
 def test_a_request_larger_than_max_rows_goes_alone():
     async def scenario():
-        send = FakeSend()
-        coalescer = Coalescer(send, max_rows=2, max_calls=1)
-        first = asyncio.create_task(coalescer.run(["a"]))
-        await asyncio.sleep(0)
-        big = asyncio.create_task(coalescer.run(["b", "c", "d"]))
-        small = asyncio.create_task(coalescer.run(["e"]))
-        await asyncio.sleep(0)
+        send, _, first, (big, small) = await queued_behind_a_busy_slot([["b", "c", "d"], ["e"]], max_rows=2)
         send.gate.set()
         return send.calls, [(await t).shape[0] for t in (first, big, small)]
 
@@ -82,12 +84,7 @@ def test_a_request_larger_than_max_rows_goes_alone():
 
 def test_a_bad_row_fails_its_own_request_alone():
     async def scenario():
-        send = FakeSend()
-        coalescer = Coalescer(send, max_rows=8, max_calls=1)
-        first = asyncio.create_task(coalescer.run(["a"]))
-        await asyncio.sleep(0)
-        shared = [asyncio.create_task(coalescer.run(items)) for items in (["ok1"], ["bad"], ["ok22"])]
-        await asyncio.sleep(0)
+        send, _, first, shared = await queued_behind_a_busy_slot([["ok1"], ["bad"], ["ok22"]])
         send.gate.set()
         return send.calls, await asyncio.gather(first, *shared, return_exceptions=True)
 
@@ -100,12 +97,7 @@ def test_a_bad_row_fails_its_own_request_alone():
 
 def test_a_server_failure_reaches_every_request_of_the_call_and_the_slot_is_freed():
     async def scenario():
-        send = FakeSend()
-        coalescer = Coalescer(send, max_rows=8, max_calls=1)
-        first = asyncio.create_task(coalescer.run(["a"]))
-        await asyncio.sleep(0)
-        shared = [asyncio.create_task(coalescer.run(items)) for items in (["down"], ["x"])]
-        await asyncio.sleep(0)
+        send, coalescer, first, shared = await queued_behind_a_busy_slot([["down"], ["x"]])
         send.gate.set()
         results = await asyncio.gather(first, *shared, return_exceptions=True)
         after = await coalescer.run(["later"])  # the failed call gave its slot back
@@ -119,13 +111,7 @@ def test_a_server_failure_reaches_every_request_of_the_call_and_the_slot_is_free
 
 def test_a_cancelled_request_does_not_disturb_the_others():
     async def scenario():
-        send = FakeSend()
-        coalescer = Coalescer(send, max_rows=8, max_calls=1)
-        first = asyncio.create_task(coalescer.run(["a"]))
-        await asyncio.sleep(0)
-        queued_then_gone = asyncio.create_task(coalescer.run(["gone"]))
-        kept = asyncio.create_task(coalescer.run(["kept"]))
-        await asyncio.sleep(0)
+        send, coalescer, first, (queued_then_gone, kept) = await queued_behind_a_busy_slot([["gone"], ["kept"]])
         queued_then_gone.cancel()  # the client went away while queued: its rows are not sent
         await asyncio.sleep(0)
         send.gate.set()
@@ -156,12 +142,7 @@ def test_limits_are_checked():
 
 def test_a_request_gone_while_its_shared_call_runs_leaves_the_others_their_rows():
     async def scenario():
-        send = FakeSend()
-        coalescer = Coalescer(send, max_rows=8, max_calls=1)
-        first = asyncio.create_task(coalescer.run(["a"]))
-        await asyncio.sleep(0)
-        gone, kept = asyncio.create_task(coalescer.run(["slow1"])), asyncio.create_task(coalescer.run(["slow22"]))
-        await asyncio.sleep(0)
+        send, coalescer, first, (gone, kept) = await queued_behind_a_busy_slot([["slow1"], ["slow22"]])
         send.gate.set()
         await first
         await asyncio.sleep(0.01)
