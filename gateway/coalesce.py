@@ -10,7 +10,11 @@ a free slot goes at once, alone (c1 is unchanged). Requests that arrive while ev
 and the next free slot takes as many of them as fit in `max_rows`. A call that fails with the client's
 fault (400) may have been failed by one request's row: each request of it is then sent again alone, so
 that only that request fails. Every other failure (Triton gone, over capacity, timeout) is every
-row's, and each request gets it."""
+row's, and each request gets it.
+
+The queue is bounded (`max_pending` rows, as each ensemble's own Triton queue is): a request that would
+go over it gets a 503 `overloaded` at once, as Triton's full queue answered before, instead of waiting
+behind an ever longer queue while the server is saturated."""
 from __future__ import annotations
 
 import asyncio
@@ -20,7 +24,7 @@ from typing import Awaitable, Callable
 
 import numpy as np
 
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, Unavailable
 
 Send = Callable[[list], Awaitable[np.ndarray]]  # items -> [len(items), ...] rows, in order
 
@@ -34,11 +38,13 @@ class _Job:
 class Coalescer:
     """One ensemble's calls: `await run(items)` answers this request's rows, sent with others' when busy."""
 
-    def __init__(self, send: Send, max_rows: int, max_calls: int):
-        if max_rows < 1 or max_calls < 1:
-            raise ValueError(f"max_rows and max_calls must be >= 1, not {max_rows} and {max_calls}")
-        self.send, self.max_rows, self.max_calls = send, max_rows, max_calls
+    def __init__(self, send: Send, max_rows: int, max_calls: int, max_pending: int = 256, name: str = "model"):
+        if max_rows < 1 or max_calls < 1 or max_pending < 1:
+            raise ValueError(f"max_rows, max_calls and max_pending must be >= 1, not {max_rows}, {max_calls}, {max_pending}")
+        self.send, self.max_rows, self.max_calls, self.max_pending = send, max_rows, max_calls, max_pending
+        self.name = name
         self.pending: deque[_Job] = deque()
+        self.pending_rows = 0
         self.calls = 0
         self.tasks: set[asyncio.Task] = set()  # referenced until done: the loop keeps only weak ones
         self.sent_calls = self.sent_requests = 0  # counters for tests and benches
@@ -53,8 +59,12 @@ class Coalescer:
             finally:
                 self.calls -= 1
                 self._pump()
+        if self.pending_rows + len(items) > self.max_pending:
+            raise Unavailable(f"model '{self.name}' is over capacity ({self.pending_rows} rows waiting), retry later",
+                              code="overloaded")
         job = _Job(list(items))
         self.pending.append(job)
+        self.pending_rows += len(job.items)
         self._pump()
         return await job.future  # a cancelled request leaves its rows to the call: their answer is dropped
 
@@ -66,6 +76,7 @@ class Coalescer:
                 job = self.pending.popleft()
                 batch.append(job)
                 rows += len(job.items)
+            self.pending_rows -= rows
             live = [job for job in batch if not job.future.done()]  # cancelled while queued: not sent
             if not live:
                 continue

@@ -12,6 +12,8 @@ from gateway.modelgen import ModelSpec
 from gateway.triton_engine import TritonEngine, string_rows
 
 MAX_COALESCERS = 64
+# rows waiting in the gateway per ensemble, as each ensemble's max_queue_size in Triton: over it, 503 at once
+COALESCE_QUEUE_ROWS = 256
 
 
 def check_count(items: list, settings, what: str) -> None:
@@ -63,7 +65,8 @@ def _coalescer(app_state, model: str, input_name: str, max_batch: int) -> Coales
             for idle in [k for k, c in table.items() if not c.pending and not c.calls]:
                 del table[idle]
         found = table[key] = Coalescer(
-            lambda items: run_ensemble(app_state.engine, model, input_name, items, max_batch), max_batch, calls)
+            lambda items: run_ensemble(app_state.engine, model, input_name, items, max_batch), max_batch, calls,
+            max_pending=COALESCE_QUEUE_ROWS, name=model)
     return found
 
 

@@ -32,11 +32,11 @@ class FakeSend:
         return np.array([[len(str(item)), number] for item in items], dtype=np.float32)
 
 
-async def queued_behind_a_busy_slot(batches: list[list], max_rows: int = 8):
+async def queued_behind_a_busy_slot(batches: list[list], max_rows: int = 8, max_pending: int = 256):
     """(send, coalescer, first, queued): one slot, held by a first request ["a"] until `send.gate` opens, and a
     request per batch queued behind it (none of them sent yet)."""
     send = FakeSend()
-    coalescer = Coalescer(send, max_rows=max_rows, max_calls=1)
+    coalescer = Coalescer(send, max_rows=max_rows, max_calls=1, max_pending=max_pending)
     first = asyncio.create_task(coalescer.run(["a"]))
     await asyncio.sleep(0)
     queued = [asyncio.create_task(coalescer.run(items)) for items in batches]
@@ -133,11 +133,29 @@ def test_a_cancelled_request_does_not_disturb_the_others():
     assert coalescer.calls == 0 and not coalescer.pending and not coalescer.tasks
 
 
+def test_a_full_queue_refuses_at_once_and_the_queued_requests_still_succeed():
+    async def scenario():
+        send, coalescer, first, queued = await queued_behind_a_busy_slot([["b", "c"], ["d"]], max_pending=3)
+        with pytest.raises(Unavailable, match="over capacity") as refused:
+            await coalescer.run(["e"])  # 3 rows wait already: a 4th is over max_pending, refused before any call
+        send.gate.set()
+        results = await asyncio.gather(first, *queued)
+        after = await coalescer.run(["f", "g", "h"])  # the queue drained: accepted again
+        return refused.value, results, after, coalescer, send.calls
+
+    refused, results, after, coalescer, calls = asyncio.run(scenario())
+    assert refused.code == "overloaded" and refused.status == 503
+    assert [r.shape[0] for r in results] == [1, 2, 1] and after.shape[0] == 3
+    assert ["e"] not in calls and coalescer.pending_rows == 0
+
+
 def test_limits_are_checked():
     with pytest.raises(ValueError):
         Coalescer(FakeSend(), max_rows=0, max_calls=1)
     with pytest.raises(ValueError):
         Coalescer(FakeSend(), max_rows=1, max_calls=0)
+    with pytest.raises(ValueError):
+        Coalescer(FakeSend(), max_rows=1, max_calls=1, max_pending=0)
 
 
 def test_a_request_gone_while_its_shared_call_runs_leaves_the_others_their_rows():
