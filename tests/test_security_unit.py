@@ -2,15 +2,20 @@
 quotas' arithmetic and the OpenAPI document."""
 from __future__ import annotations
 
+import asyncio
 import stat
+import time
 
 import pytest
+from limits import RateLimitItemPerSecond
+from limits.aio.storage import MemoryStorage
+from limits.aio.strategies import MovingWindowRateLimiter
 
 from gateway.auth import admin_key_required, check_exposure, presented_key
 from gateway.keys import KeyRing, hash_key, key_line, parse_keys
 from gateway.openapi import complete
 from gateway.policy import ROUTES, cap, texts_cap
-from gateway.quotas import completion_budget, reset_text
+from gateway.quotas import SWEEP_S, SweptMemoryStorage, completion_budget, rate_storage, reset_text
 from gateway.settings import Settings
 from supervisor.exposure import triton_host
 from tools.gateway_process import gateway_keys
@@ -103,6 +108,33 @@ def test_quota_arithmetic():
     assert completion_budget({"prompt": "a"}) == 16  # OpenAI's default max_tokens
     assert completion_budget({"prompt": "a", "max_tokens": "many"}) == 1 and completion_budget([1]) == 1
     assert reset_text(0.25) == "250ms" and reset_text(1.0) == "1s" and reset_text(90) == "1m30s"
+
+
+def test_quota_storage_sweeps_at_most_every_interval_and_still_counts_exactly(monkeypatch):
+    """The in-process storage throttles limits' per-hit sweep (its cost was the whole cost of keys under
+    load) through a private hook: the hook must exist, fire once per SWEEP_S, and counting stay exact."""
+    assert "_MemoryStorage__schedule_expiry" in vars(MemoryStorage)  # a limits release renamed it: redo the hook
+    sweeps = []
+    original = MemoryStorage._MemoryStorage__schedule_expiry
+
+    async def counted(self):
+        sweeps.append(time.monotonic())
+        await original(self)
+    monkeypatch.setattr(MemoryStorage, "_MemoryStorage__schedule_expiry", counted)
+
+    async def main():
+        storage = rate_storage("memory://")
+        assert isinstance(storage, SweptMemoryStorage)
+        limiter, item = MovingWindowRateLimiter(storage), RateLimitItemPerSecond(10)
+        admitted = [await limiter.hit(item, "requests:k") for _ in range(200)]
+        assert admitted == [True] * 10 + [False] * 190  # exact: ten in the window, no more
+        assert len(sweeps) == 1  # one sweep for 200 hits (the library started one per hit)
+        await asyncio.sleep(1.0 + SWEEP_S + 0.05)  # the window has passed, and so has the sweep interval
+        assert await limiter.hit(item, "requests:k")
+        await asyncio.sleep(0.05)  # the sweep this hit started runs
+        [entries] = storage.events.values()  # the one key, under limits' own name for it
+        assert len(sweeps) == 2 and len(entries) == 1  # the ten old entries are gone, the new one counts
+    asyncio.run(main())
 
 
 def test_openapi_document_declares_security_and_errors():
