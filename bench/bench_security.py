@@ -1,8 +1,11 @@
 """What API keys and quotas cost (issue 25): POST /v1/embeddings, one sentence per request, at
 concurrency 1 and 32, against two gateways in front of the same Triton in the same run: one open (no
 keys, loopback) and one with keys (auth, per-key quotas, audit, body caps all on). Runs alternate
-open/keyed in rounds so that drift on a shared box hits both. Also the CPU time of the middleware stack
-alone, in process (no network, no Triton): the least noisy figure.
+open/keyed in rounds so that drift on a shared box hits both; then, per round, one interleaved load sends
+each client's requests to the two gateways in turn, so that both share every moment of the drift (the
+figure that resolves c1's small differences). Also the CPU time of the middleware stack alone, in process
+(no network, no Triton), with the loop let run between requests so that work a request leaves behind (a
+limiter's sweep) is timed too.
 Goal: keyed >= 97% of open throughput and p50 within 0.3 ms.
 
     .venv/bin/python bench/bench_security.py [--window 8] [--rounds 2]
@@ -23,7 +26,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "client"), str(ROOT / "bench"), str(ROOT /
 
 from bench_gateway import CpuShare  # noqa: E402
 from bench_text_embedding import corpus  # noqa: E402
-from http_load import run_http_load  # noqa: E402
+from http_load import bearer, run_http_load, run_http_load_interleaved  # noqa: E402
 from tools.gateway_process import GatewayProcess  # noqa: E402
 from tools.triton_server import TritonServer, free_port  # noqa: E402
 
@@ -67,14 +70,19 @@ def _middleware_cost(tmp: Path, calls: int) -> dict[str, float]:
         started = time.perf_counter()
         for _ in range(calls):
             await app(dict(scope, headers=list(headers)), receive, send)
+            # let the loop run what the request left behind (a rate limiter's sweep task, say), as it would
+            # between requests in a server: without it that work is never timed
+            await asyncio.sleep(0)
         return (time.perf_counter() - started) / calls * 1e6
 
-    out = {name: float("inf") for name in apps}
-    for _ in range(5):  # interleaved, best of five: the box's noise is one-sided
-        for name, app in apps.items():
-            headers = [(b"authorization", f"Bearer {KEY}".encode())] if name == "keyed" else []
-            out[name] = min(out[name], asyncio.run(run(app, headers)))
-    return out
+    async def rounds() -> dict[str, float]:  # one event loop, as in the server: the limiter's locks belong to it
+        out = {name: float("inf") for name in apps}
+        for _ in range(5):  # interleaved, best of five: the box's noise is one-sided
+            for name, app in apps.items():
+                headers = [(b"authorization", f"Bearer {KEY}".encode())] if name == "keyed" else []
+                out[name] = min(out[name], await run(app, headers))
+        return out
+    return asyncio.run(rounds())
 
 
 def main() -> int:
@@ -118,6 +126,7 @@ def main() -> int:
                 for gateway in gateways.values():
                     gateway.start(timeout=180)
                 results: dict[tuple[str, int], list] = {}
+                interleaved: dict[tuple[str, int], list] = {}
                 for _round in range(args.rounds):
                     for concurrency in (1, 32):
                         for name, gateway in gateways.items():
@@ -128,10 +137,16 @@ def main() -> int:
                             # that drifts least here, and what a key costs the 2 cores Triton shares
                             result.gateway_cpu_ms = cpu.share() * 1000 / max(result.throughput, 1e-9)
                             results.setdefault((name, concurrency), []).append(result)
-                            print(f"  round {_round + 1} c{concurrency} {name:5}: {result.throughput:7.1f} req/s, "
-                                  f"p50 {result.percentile(50) * 1000:6.2f} ms, gateway CPU {result.gateway_cpu_ms:.3f} "
-                                  f"ms/req, errors {result.errors}"
-                                  + (f" ({result.first_error})" if result.errors else ""), flush=True)
+                            report(f"round {_round + 1} c{concurrency} {name:5}", result)
+                        # the same two gateways, every client sending to each in turn: both share every moment
+                        cpus = {name: CpuShare([g.process.pid]) for name, g in gateways.items()}
+                        pair = run_http_load_interleaved(
+                            {name: (f"{g.url}/v1/embeddings", bearer(KEY) if name == "keyed" else {})
+                             for name, g in gateways.items()}, body, concurrency, args.window, args.warmup)
+                        for name, result in pair.items():
+                            result.gateway_cpu_ms = cpus[name].share() * 1000 / max(result.throughput, 1e-9)
+                            interleaved.setdefault((name, concurrency), []).append(result)
+                            report(f"round {_round + 1} c{concurrency} {name:5} interleaved", result)
                 for name, gateway in gateways.items():  # errors: show why, before the logs go with tmp
                     if any(r.errors for r in results[(name, 1)] + results[(name, 32)]):
                         lines = gateway.log_file.read_text(errors="replace").splitlines()
@@ -147,20 +162,45 @@ def main() -> int:
                 print(f"{name} gateway log: {text.count('internal error')} internal errors, "
                       f"{text.count('Exception in ASGI application')} unhandled exceptions")
 
-    print("\n| concurrency | open req/s | keyed req/s | keyed/open | open p50 ms | keyed p50 ms | p50 delta ms "
-          "| gateway CPU ms/req open, keyed (delta) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("""
+Alternating runs: throughput and the gateway's CPU, run by run (what the whole box gives each gateway).""")
+    table(results)
+    print("""
+Interleaved: one load, every client sending to the open and the keyed gateway in turn, so each request's
+latency compares with its neighbour's under the same drift. req/s is concurrency / mean latency (what a
+closed loop on that gateway alone would give at the same latencies), so keyed/open is the ratio of means. (Both gateways share the extra CPU a key costs the
+box, so at c32 this p50 is the request path's own cost; the alternating table's throughput is the box's.)""")
+    table(interleaved, from_latency=True)
+    return 0
+
+
+def report(label: str, result) -> None:
+    print(f"  {label}: {result.throughput:7.1f} req/s, p50 {result.percentile(50) * 1000:6.2f} ms, mean "
+          f"{statistics.mean(result.latencies) * 1000:6.2f} ms, gateway CPU {result.gateway_cpu_ms:.3f} ms/req, "
+          f"errors {result.errors}" + (f" ({result.first_error})" if result.errors else ""), flush=True)
+
+
+def table(results, from_latency: bool = False) -> None:
+    """`from_latency`: req/s as concurrency / mean latency (the interleaved load sends each target the same
+    number of requests, so its counts say nothing)."""
+    def rate(result) -> float:
+        return result.concurrency / statistics.mean(result.latencies) if from_latency else result.throughput
+
+    print("| concurrency | open req/s | keyed req/s | keyed/open | open p50 ms | keyed p50 ms | p50 delta ms "
+          "| gateway CPU ms/req open, keyed (delta) | keyed/open, p50 delta per round |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for concurrency in (1, 32):
         rows = {}
         for name in ("open", "keyed"):
             runs = results[(name, concurrency)]
-            rows[name] = (statistics.mean(r.throughput for r in runs),
+            rows[name] = (statistics.mean(rate(r) for r in runs),
                           statistics.median(r.percentile(50) for r in runs) * 1000,
                           statistics.mean(r.gateway_cpu_ms for r in runs))
         (ot, op, oc), (kt, kp, kc) = rows["open"], rows["keyed"]
+        rounds = ", ".join(f"{rate(k) / rate(o):.3f} {(k.percentile(50) - o.percentile(50)) * 1000:+.2f}"
+                           for o, k in zip(results[("open", concurrency)], results[("keyed", concurrency)]))
         print(f"| {concurrency} | {ot:.1f} | {kt:.1f} | {kt / ot:.3f} | {op:.2f} | {kp:.2f} | {kp - op:+.2f} "
-              f"| {oc:.3f}, {kc:.3f} ({(kc - oc) * 1000:+.0f} us) |")
-    return 0
+              f"| {oc:.3f}, {kc:.3f} ({(kc - oc) * 1000:+.0f} us) | {rounds} |")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@ own cost per request (CPU ms/request) and its ceiling (req/s) can be measured wi
 compute and without the noise of a busy box drowning a sub-millisecond difference.
 
     python bench/fake_triton.py --port 9400      # then TRITON_GRPC_URL=127.0.0.1:9400 python -m gateway
+
+--delay-ms: answer after that long instead (a real model's time, so the gateway idles between requests at
+c1 as it does in front of Triton; costs that only show on a cold, idle loop show then).
 """
 from __future__ import annotations
 
@@ -18,12 +21,15 @@ DIM = 384
 
 
 class FakeInference(service_pb2_grpc.GRPCInferenceServiceServicer):
-    def __init__(self):
+    def __init__(self, delay_s: float = 0.0):
+        self.delay_s = delay_s
         vector = np.random.default_rng(0).standard_normal(DIM).astype(np.float32)
         self.row = (vector / np.linalg.norm(vector)).tobytes()
 
     async def ModelInfer(self, request, context):
         rows = request.inputs[0].shape[0] if request.inputs else 1
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
         response = service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
         for wanted in request.outputs or [service_pb2.ModelInferRequest.InferRequestedOutputTensor(name="embedding")]:
             tensor = response.outputs.add()
@@ -42,9 +48,9 @@ class FakeInference(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.ModelReadyResponse(ready=True)
 
 
-async def serve(port: int) -> None:
+async def serve(port: int, delay_s: float = 0.0) -> None:
     server = grpc.aio.server()
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(FakeInference(), server)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(FakeInference(delay_s), server)
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     await server.wait_for_termination()
@@ -53,7 +59,9 @@ async def serve(port: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--port", type=int, required=True)
-    asyncio.run(serve(parser.parse_args().port))
+    parser.add_argument("--delay-ms", type=float, default=0.0)
+    args = parser.parse_args()
+    asyncio.run(serve(args.port, args.delay_ms / 1000))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ under real load. Contenders alternate ABAB per concurrency.
     python bench/gateway_overhead.py [--baseline-tree DIR ...] [--env NAME=K=V ...] [--levels 1 32] [--rounds 3]
 
 --baseline-tree: a gateway from another source tree (e.g. `git archive <rev>` unpacked, with model_repository
-linked); --env: a gateway of this tree with extra environment (e.g. to compare settings).
+linked); --env: a gateway of this tree with extra environment (e.g. to compare settings); --delay-ms: the
+fake answers after that long, so the gateway idles between requests at c1 as it does in front of a model.
 """
 from __future__ import annotations
 
@@ -36,9 +37,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--window", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--delay-ms", type=float, default=0.0)
     args = parser.parse_args()
     port = free_port()
-    fake = subprocess.Popen([sys.executable, str(ROOT / "bench" / "fake_triton.py"), "--port", str(port)])
+    fake = subprocess.Popen([sys.executable, str(ROOT / "bench" / "fake_triton.py"), "--port", str(port),
+                             "--delay-ms", str(args.delay_ms)])
     gateways, contenders = [], []
     texts = corpus()
     try:
