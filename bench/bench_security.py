@@ -168,8 +168,9 @@ Alternating runs: throughput and the gateway's CPU, run by run (what the whole b
     print("""
 Interleaved: one load, every client sending to the open and the keyed gateway in turn, so each request's
 latency compares with its neighbour's under the same drift. req/s is concurrency / mean latency (what a
-closed loop on that gateway alone would give at the same latencies), so keyed/open is the ratio of means. (Both gateways share the extra CPU a key costs the
-box, so at c32 this p50 is the request path's own cost; the alternating table's throughput is the box's.)""")
+closed loop on that gateway alone would give at the same latencies), so keyed/open is the ratio of means.
+Both gateways share the extra CPU a key costs the box, so at c32 this p50 is the request path's own cost;
+the alternating table's throughput is the box's.""")
     table(interleaved, from_latency=True)
     return 0
 

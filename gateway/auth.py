@@ -82,16 +82,17 @@ class Authenticate:
             return await self.app(scope, receive, send_with_id)
         presented = presented_key(scope["headers"])
         key = self.ring.find(presented) if presented is not None else None
-        where = f"{scope['method']} {path or scope['path']}"
         if key is None:
             message = ("no API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'" if presented is None
                        else "the API key is not valid")
-            log.info("401 %s: %s (request %s)", where, "no key" if presented is None else "unknown key", rid)
+            log.info("401 %s %s: %s (request %s)", scope["method"], path or scope["path"],
+                     "no key" if presented is None else "unknown key", rid)
             return await errors.send(send_with_id, errors.Unauthorized(
                 message, code="missing_api_key" if presented is None else "invalid_api_key"))
         scope[KEY_SCOPE] = key  # for the audit line of a refused admin request, too
         if not key.allows(policy.scope):
-            log.info("403 %s: key %s lacks scope %s (request %s)", where, key.key_id, policy.scope, rid)
+            log.info("403 %s %s: key %s lacks scope %s (request %s)", scope["method"], path or scope["path"],
+                     key.key_id, policy.scope, rid)
             return await errors.send(send_with_id, errors.Forbidden(
                 f"key '{key.key_id}' lacks the '{policy.scope}' scope this route needs", code="insufficient_scope"))
         return await self.app(scope, receive, send_with_id)
