@@ -204,27 +204,28 @@ class Quotas:
         if key is None:
             return await self.app(scope, receive, send)
         book = self.book
-        rps = book.limit(key, "requests_per_second")
-        if rps:
-            allowed, headers = await book.hit(key, "second", rps, "requests")
-            if not allowed:
-                log.info("429 key %s: over %d requests/s", key.key_id, rps)
+        # concurrency first: a request refused for it must not use up one of the key's requests per second
+        concurrency, ticket = book.limit(key, "concurrency"), None
+        if concurrency:
+            admitted, active, ticket = await book.concurrency.acquire(key.key_id, concurrency)
+            if not admitted:
+                log.info("429 key %s: %d requests in flight", key.key_id, active)
                 return await errors.send(send, errors.TooManyRequests(
-                    f"key '{key.key_id}' is over its limit of {rps} requests per second", headers,
-                    code="rate_limit_exceeded"))
-        concurrency = book.limit(key, "concurrency")
-        if not concurrency:
-            return await self.app(scope, receive, send)
-        admitted, active, ticket = await book.concurrency.acquire(key.key_id, concurrency)
-        if not admitted:
-            log.info("429 key %s: %d requests in flight", key.key_id, active)
-            return await errors.send(send, errors.TooManyRequests(
-                f"key '{key.key_id}' has {active} requests in flight, its limit", {"Retry-After": "1"},
-                code="concurrency_limit_exceeded"))
+                    f"key '{key.key_id}' has {active} requests in flight, its limit", {"Retry-After": "1"},
+                    code="concurrency_limit_exceeded"))
         try:
+            rps = book.limit(key, "requests_per_second")
+            if rps:
+                allowed, headers = await book.hit(key, "second", rps, "requests")
+                if not allowed:
+                    log.info("429 key %s: over %d requests/s", key.key_id, rps)
+                    return await errors.send(send, errors.TooManyRequests(
+                        f"key '{key.key_id}' is over its limit of {rps} requests per second", headers,
+                        code="rate_limit_exceeded"))
             await self.app(scope, receive, send)
         finally:
-            await book.concurrency.release(ticket)
+            if ticket is not None:
+                await book.concurrency.release(ticket)
 
 
 def completion_budget(body) -> int:

@@ -15,7 +15,9 @@ from gateway.auth import admin_key_required, check_exposure, presented_key
 from gateway.keys import KeyRing, hash_key, key_line, parse_keys
 from gateway.openapi import complete
 from gateway.policy import ROUTES, cap, texts_cap
-from gateway.quotas import SWEEP_S, SweptMemoryStorage, completion_budget, rate_storage, reset_text
+from gateway.auth import KEY_SCOPE
+from gateway.keys import ApiKey
+from gateway.quotas import SWEEP_S, QuotaBook, Quotas, SweptMemoryStorage, completion_budget, rate_storage, reset_text
 from gateway.settings import Settings
 from supervisor.exposure import triton_host
 from tools.gateway_process import gateway_keys
@@ -134,6 +136,40 @@ def test_quota_storage_sweeps_at_most_every_interval_and_still_counts_exactly(mo
         await asyncio.sleep(0.05)  # the sweep this hit started runs
         [entries] = storage.events.values()  # the one key, under limits' own name for it
         assert len(sweeps) == 2 and len(entries) == 1  # the ten old entries are gone, the new one counts
+    asyncio.run(main())
+
+
+def test_a_request_refused_for_concurrency_uses_no_rate_slot(tmp_path):
+    """A key at 2 requests/s and 1 in flight: while one request holds the slot, five more are refused for
+    concurrency, and the key's second request of that second still passes afterwards."""
+    key = ApiKey("k", bytes(32), frozenset({"inference"}), {"requests_per_second": 2, "concurrency": 1})
+    held = asyncio.Event()
+
+    async def route(scope, receive, send):
+        if scope["path"] == "/slow":
+            await held.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def main():
+        quotas = Quotas(route, QuotaBook(Settings(data_dir=tmp_path)))
+
+        async def status(path: str) -> int:
+            statuses = []
+
+            async def send(message):
+                if message["type"] == "http.response.start":
+                    statuses.append(message["status"])
+            await quotas({"type": "http", "path": path, "method": "POST", KEY_SCOPE: key}, None, send)
+            return statuses[0]
+
+        slow = asyncio.create_task(status("/slow"))
+        await asyncio.sleep(0.05)
+        assert [await status("/fast") for _ in range(5)] == [429] * 5
+        held.set()
+        assert await slow == 200
+        assert await status("/fast") == 200  # the rate's second slot was not used by the refusals
+        assert await status("/fast") == 429  # and now the rate is spent
     asyncio.run(main())
 
 
