@@ -52,7 +52,7 @@ class SweptMemoryStorage(MemoryStorage):
 
     The library starts a sweep task on every hit, and the sweep hands each key's moving-window list to a
     thread (`asyncio.to_thread`). Measured here: ~25 us of CPU per hit in a busy loop and ~120 us at c32's
-    pace, against ~4 and ~35 us with the sweep throttled: the whole of what keys cost under load
+    pace, against ~4 and ~35 us with the sweep throttled: most of what keys cost under load
     (bench/bench_security.py). Counting is unchanged: a hit reads only the entry at `limit - 1`, newest
     first, so entries past it are never read; between sweeps a key holds at most the hits admitted in
     its window plus SWEEP_S. The hook is the library's private `__schedule_expiry` (limits 5.x, pinned
