@@ -175,9 +175,14 @@ the alternating table's throughput is the box's.""")
     return 0
 
 
+def mean_latency(result) -> float:
+    """nan for a run whose every request failed: the report goes on to its errors instead of stopping."""
+    return statistics.mean(result.latencies) if result.latencies else float("nan")
+
+
 def report(label: str, result) -> None:
     print(f"  {label}: {result.throughput:7.1f} req/s, p50 {result.percentile(50) * 1000:6.2f} ms, mean "
-          f"{statistics.mean(result.latencies) * 1000:6.2f} ms, gateway CPU {result.gateway_cpu_ms:.3f} ms/req, "
+          f"{mean_latency(result) * 1000:6.2f} ms, gateway CPU {result.gateway_cpu_ms:.3f} ms/req, "
           f"errors {result.errors}" + (f" ({result.first_error})" if result.errors else ""), flush=True)
 
 
@@ -185,7 +190,7 @@ def table(results, from_latency: bool = False) -> None:
     """`from_latency`: req/s as concurrency / mean latency (the interleaved load sends each target the same
     number of requests, so its counts say nothing)."""
     def rate(result) -> float:
-        return result.concurrency / statistics.mean(result.latencies) if from_latency else result.throughput
+        return result.concurrency / mean_latency(result) if from_latency else result.throughput
 
     print("| concurrency | open req/s | keyed req/s | keyed/open | open p50 ms | keyed p50 ms | p50 delta ms "
           "| gateway CPU ms/req open, keyed (delta) | keyed/open, p50 delta per round |")
