@@ -69,23 +69,43 @@ def direct(api, prompt: str, max_tokens: int, **optional) -> dict:
 
 
 GAUGE_TRACE: list[tuple[float, float]] = []  # (time, value) at each change: shown when a wait times out
+ROWS = "codegen_decode_rows"  # the generator's sequence rows over all decode steps: n tokens decoded add n - 1
 
 
-def active_sequences(api) -> float:
+def generator_metrics(api) -> dict[str, float]:
     with urllib.request.urlopen(api.triton.server.metrics_url, timeout=10) as response:
         values = {line.split("{", 1)[0].split(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
                   for line in response.read().decode().splitlines() if line and not line.startswith("#")}
-    assert ACTIVE in values, f"{ACTIVE} is not on Triton's metrics port"
+    assert ACTIVE in values and ROWS in values, f"{ACTIVE} or {ROWS} is not on Triton's metrics port"
     if not GAUGE_TRACE or GAUGE_TRACE[-1][1] != values[ACTIVE]:
         GAUGE_TRACE.append((round(time.monotonic(), 2), values[ACTIVE]))
-    return values[ACTIVE]
+    return values
 
 
-def wait_for(condition, timeout: float = 60.0, what: str = "") -> None:
+def active_sequences(api) -> float:
+    return generator_metrics(api)[ACTIVE]
+
+
+def rows_at_rest(api) -> float:
+    """The generator's decoded-rows count once it is idle (the counter is sent when the loop idles):
+    the same on two looks 0.3 s apart, with no sequence in the batch."""
+    def steady():
+        first = generator_metrics(api)
+        if first[ACTIVE]:
+            return None
+        time.sleep(0.3)
+        second = generator_metrics(api)
+        return (second[ROWS],) if not second[ACTIVE] and second[ROWS] == first[ROWS] else None
+    return wait_for(steady, what="an idle generator")[0]
+
+
+def wait_for(condition, timeout: float = 60.0, what: str = ""):
+    """The condition's first true value."""
     deadline = time.monotonic() + timeout
-    while not condition():
+    while not (value := condition()):
         assert time.monotonic() < deadline, f"timed out waiting for {what}; gauge changes: {GAUGE_TRACE[-12:]}"
         time.sleep(0.05)
+    return value
 
 
 def events(lines) -> list:
@@ -198,23 +218,38 @@ def long_prompts(api) -> list[str]:
 
 
 class Neighbour(threading.Thread):
-    """A long streamed completion of NEIGHBOUR_ROWS prompts, read to its end in the background."""
+    """Long streamed completions of NEIGHBOUR_ROWS prompts, one after another in the background until
+    `stop()`, each read to its end: back to back, so that a neighbour streams through the checks however
+    fast the box decodes (one round of 512 tokens took ~2 s on a fast run)."""
 
     def __init__(self, api, prompts: list[str]):
         super().__init__(daemon=True)
-        self.api, self.events, self.chunks_seen, self.prompts = api, [], 0, prompts
+        self.api, self.prompts, self.rounds, self._stopping = api, prompts, [], threading.Event()
         self.body = {"model": "codegen", "prompt": prompts, "max_tokens": 512, "temperature": 0, "stream": True}
 
     def run(self):
         with httpx.Client(base_url=self.api.url, timeout=300) as client:
-            with client.stream("POST", "/v1/completions", json=self.body) as response:
-                for event in events(self._count(response.iter_lines())):
-                    self.events.append(event)
+            while not self._stopping.is_set():
+                round_events: list = []
+                self.rounds.append(round_events)
+                with client.stream("POST", "/v1/completions", json=self.body) as response:
+                    round_events.extend(events(response.iter_lines()))
 
-    def _count(self, lines):
-        for line in lines:
-            self.chunks_seen += line.startswith("data: ")
-            yield line
+    def stop(self) -> None:
+        """Ends after the round under way, which runs to its end."""
+        self._stopping.set()
+        self.join(300)
+
+    def texts(self) -> list[list[str]]:
+        """Each round's text per prompt; a round without its [DONE] fails."""
+        out = []
+        for round_events in self.rounds:
+            assert round_events and round_events[-1] == "[DONE]", "a neighbour round did not end with [DONE]"
+            texts = [""] * len(self.prompts)
+            for event in round_events[:-1]:
+                texts[event["choices"][0]["index"]] += event["choices"][0]["text"]
+            out.append(texts)
+        return out
 
 
 def open_unary(api, body: dict) -> socket.socket:
@@ -228,40 +263,54 @@ def open_unary(api, body: dict) -> socket.socket:
 
 
 def test_disconnects_free_the_generator_row_while_a_neighbour_streams(api, long_prompts):
-    """A stream abandoned after its first chunk, then a unary request whose connection closes, each
-    leaves the decode batch (the generator's gauge drops by one) while a neighbour of NEIGHBOUR_ROWS
-    sequences keeps streaming and loses nothing."""
-    wait_for(lambda: active_sequences(api) == 0, what="an idle generator")
-    neighbour = Neighbour(api, long_prompts[:NEIGHBOUR_ROWS])
-    neighbour.start()
-    wait_for(lambda: active_sequences(api) == NEIGHBOUR_ROWS, timeout=60, what="the neighbour in the batch")
-    body = {"model": "codegen", "prompt": long_prompts[-1], "max_tokens": 512, "temperature": 0, "stream": True}
-    with httpx.Client(base_url=api.url, timeout=300) as client:
-        with client.stream("POST", "/v1/completions", json=body) as response:  # abandoned after its first chunk
-            # the line iterator is held open while waiting: dropped, it would close the stream there and then
-            lines = response.iter_lines()
-            next(line for line in lines if line.startswith("data: "))
-            wait_for(lambda: active_sequences(api) == NEIGHBOUR_ROWS + 1, timeout=30, what="the stream in the batch")
-    wait_for(lambda: active_sequences(api) == NEIGHBOUR_ROWS, timeout=30, what="the abandoned stream to leave")
-    assert neighbour.is_alive(), "the neighbour finished before the checks: nothing shown"
+    """A stream abandoned after its first chunk, then a unary request whose connection closes: each row
+    leaves the decode batch early, i.e. decodes fewer tokens than the same request run to its end (the
+    generator's count of decoded rows, read at rest), while a neighbour of NEIGHBOUR_ROWS sequences
+    streams beside it, round after round, and loses nothing. Counted, not timed: on a fast box a
+    512-token row lives ~2 s, so a gauge seen dropping could as well be a row at its end."""
+    neighbour_prompts, stream_prompt, unary_prompt = long_prompts[:NEIGHBOUR_ROWS], long_prompts[-1], long_prompts[-2]
+    text, rows = {}, {}  # each prompt run alone to its end: its text and the rows it decoded
+    for prompt in long_prompts:
+        start = rows_at_rest(api)
+        text[prompt] = direct(api, prompt, 512)["text_output"]
+        rows[prompt] = rows_at_rest(api) - start
 
-    unary = open_unary(api, {"model": "codegen", "prompt": long_prompts[-2], "max_tokens": 512, "temperature": 0})
-    try:
-        wait_for(lambda: active_sequences(api) == NEIGHBOUR_ROWS + 1, timeout=30, what="the unary request in the batch")
-    finally:
-        unary.close()  # the unary client leaves
-    wait_for(lambda: active_sequences(api) == NEIGHBOUR_ROWS, timeout=30, what="the closed unary request to leave")
-    assert neighbour.is_alive(), "the neighbour finished before the checks: nothing shown"
+    def rows_left_beside_the_neighbour(open_row) -> float:
+        """Rows decoded by the request `open_row()` sends, in the batch beside the neighbour, and whose
+        client leaves when it returns; the neighbour's rounds checked against the texts run alone."""
+        start = rows_at_rest(api)
+        neighbour = Neighbour(api, neighbour_prompts)
+        neighbour.start()
+        try:
+            wait_for(lambda: active_sequences(api) == NEIGHBOUR_ROWS, timeout=60, what="the neighbour in the batch")
+            open_row()
+        finally:
+            neighbour.stop()  # also when a check failed: a neighbour left streaming would load the next tests
+        assert not neighbour.is_alive() and neighbour.rounds
+        for texts in neighbour.texts():  # the neighbour lost nothing, in any round
+            assert texts == [text[p] for p in neighbour_prompts]
+        return rows_at_rest(api) - start - len(neighbour.rounds) * sum(rows[p] for p in neighbour_prompts)
 
-    neighbour.join(300)
-    assert neighbour.events[-1] == "[DONE]"
-    texts = {}
-    for event in neighbour.events[:-1]:
-        choice = event["choices"][0]
-        texts[choice["index"]] = texts.get(choice["index"], "") + choice["text"]
-    for i, prompt in enumerate(neighbour.prompts):  # the neighbour lost nothing
-        assert texts[i] == direct(api, prompt, 512)["text_output"]
-    wait_for(lambda: active_sequences(api) == 0, what="an idle generator")
+    def abandoned_stream():
+        body = {"model": "codegen", "prompt": stream_prompt, "max_tokens": 512, "temperature": 0, "stream": True}
+        with httpx.Client(base_url=api.url, timeout=300) as client:
+            with client.stream("POST", "/v1/completions", json=body) as response:
+                # the line iterator is held open while waiting: dropped, it would close the stream there and then
+                lines = response.iter_lines()
+                next(line for line in lines if line.startswith("data: "))  # the row is decoding
+                wait_for(lambda: active_sequences(api) > NEIGHBOUR_ROWS, timeout=30, what="the stream in the batch")
+        # leaving the blocks closes the connection after the first chunk
+
+    def closed_unary():
+        unary = open_unary(api, {"model": "codegen", "prompt": unary_prompt, "max_tokens": 512, "temperature": 0})
+        try:
+            wait_for(lambda: active_sequences(api) > NEIGHBOUR_ROWS, timeout=30, what="the unary row in the batch")
+        finally:
+            unary.close()  # the unary client leaves
+
+    for open_row, prompt in ((abandoned_stream, stream_prompt), (closed_unary, unary_prompt)):
+        decoded = rows_left_beside_the_neighbour(open_row)
+        assert 0 < decoded < rows[prompt], f"{open_row.__name__}: {decoded} rows decoded, {rows[prompt]} to its end"
 
 
 def test_bad_input_is_a_400_and_the_service_keeps_serving(api, tokenizer):
