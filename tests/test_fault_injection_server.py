@@ -44,9 +44,13 @@ def stubs_of(server, model: str) -> set[int]:
     ("text_embedding_encoder", "text_embedding", 5.0),  # a network stage (ONNX Runtime), two instances
     ("ner_tagger", "ner", 5.0),  # the NER network (ONNX Runtime; 5.3 s under the soak's load on torch)
     ("ner_decoder", "ner", 5.0),  # a numpy stage
-    # the decoupled generator: test_a_killed_generator_stub_ends_in_serving (it may abort the server)
+    # the decoupled generator: test_a_killed_generator_stub_ends_in_serving
 ])
 def test_a_killed_stub_is_healed_under_load(supervised, stub, pipeline, heal_limit_s):
+    """Usually the supervisor reloads the model and Triton goes on. Now and then Triton 2.51 aborts while
+    it reloads a model whose stub was killed (seen once in CI with ner_decoder: the reload's gRPC stream
+    closed, then SIGABRT), as with the generator's: then the keeper starts the server again, and the
+    server-restart checks of test_a_killed_server_is_restarted_and_its_stubs_reaped apply instead."""
     server, supervisor, state_file = supervised
     load = Load(server.grpc_url, [pipeline], concurrency=8, timeout_s=30).start()
     seen_unhealthy: list[float] = []
@@ -59,6 +63,7 @@ def test_a_killed_stub_is_healed_under_load(supervised, stub, pipeline, heal_lim
             time.sleep(0.02)
 
     sampler = threading.Thread(target=sample_state, daemon=True)
+    restart = None
     try:
         deadline = time.time() + 90  # steady state: every client answered at least once (ner is slow here)
         while len(load.outcomes) < 16 and time.time() < deadline:
@@ -66,14 +71,22 @@ def test_a_killed_stub_is_healed_under_load(supervised, stub, pipeline, heal_lim
         assert load.outcomes and not load.unexpected(), load.unexpected()[:3]
         sampler.start()
         old_stubs = stubs_of(server, stub)
+        restarts_before = len(supervisor.restarts)
         killed_at = time.time()
         kill_stub(server.process.pid, stub)
         healed_at = None
-        while time.time() - killed_at < 30 and healed_at is None:
+        while time.time() - killed_at < 60 and healed_at is None and restart is None:
             healed_at = next((t for t, event, model in supervisor.events
                               if event == "healed" and model == stub and t > killed_at), None)
+            restart = next((r for r in supervisor.restarts[restarts_before:] if r.ready_at), None)
             time.sleep(0.05)
-        assert healed_at is not None, f"not healed in 30 s; events: {supervisor.events[-5:]}"
+        assert healed_at is not None or restart is not None, \
+            f"neither healed nor restarted in 60 s; events: {supervisor.events[-5:]}"
+        if restart is not None:
+            deadline = time.time() + 30  # the clients reconnect (their gRPC backoff) and are answered again
+            while not [o for o in load.outcomes if o.start > restart.ready_at + 0.5 and o.error is None]:
+                assert time.time() < deadline, "no client answered in 30 s after the restart"
+                time.sleep(0.2)
         time.sleep(4)  # serving again
         # the old version's other stubs (text_embedding_encoder has two instances) end too, by Triton's unload or
         # the supervisor's retirement, while the load goes on
@@ -83,8 +96,18 @@ def test_a_killed_stub_is_healed_under_load(supervised, stub, pipeline, heal_lim
     finally:
         load.stop()
         sampling.set()
-    heal_s = healed_at - killed_at
     failed = load.unexpected()
+    assert not stubs_of(server, stub) & old_stubs, (old_stubs, stubs_of(server, stub), supervisor.events[-4:])
+    assert len(stubs_of(server, stub)) == len(old_stubs)  # one stub per instance again
+    assert unhealthy_models(state_file) == {}
+    if restart is not None:
+        late = [o.start - restart.ready_at for o in failed if o.start > restart.ready_at + 0.5]
+        print(f"\n{stub}: Triton aborted ({restart.cause}) and was ready again {restart.ready_at - killed_at:.1f}s "
+              f"after the kill; {len(failed)} requests failed meanwhile, the last {max(late, default=0):.1f}s after")
+        assert all(t < 20 for t in late), late  # a client's gRPC reconnect backoff, as after a server kill
+        assert [o for o in load.outcomes if o.start > restart.ready_at + 0.5 and o.error is None]
+        return
+    heal_s = healed_at - killed_at
     in_flight = [o for o in failed if o.start < killed_at]
     during_heal = [o for o in failed if o.start >= killed_at]
     after = [o for o in load.outcomes if o.start > healed_at + 0.5]
@@ -92,15 +115,11 @@ def test_a_killed_stub_is_healed_under_load(supervised, stub, pipeline, heal_lim
           f"{len(during_heal)} sent before the heal; {len(after)} answered after; old stubs retired by the "
           f"supervisor: {sum(e == 'retired old stub' and m == stub and t > killed_at for t, e, m in supervisor.events)}")
     assert heal_s < heal_limit_s
-    assert not stubs_of(server, stub) & old_stubs, (old_stubs, stubs_of(server, stub), supervisor.events[-4:])
-    assert len(stubs_of(server, stub)) == len(old_stubs)  # one stub per instance again
     assert all(o.start < healed_at + 0.5 for o in failed), [o for o in failed if o.start >= healed_at + 0.5][:3]
     assert len(in_flight) <= 8  # at most one per client
     assert len(after) >= 8 and all(o.error is None for o in after)
     # health told the truth: 503 (the model named) between the kill and the heal, then 200 again
     assert seen_unhealthy and killed_at <= seen_unhealthy[0] <= healed_at
-    assert stub not in unhealthy_models(state_file)
-    assert unhealthy_models(state_file) == {}
 
 
 def test_the_same_stub_killed_twice_is_healed_twice(supervised):
