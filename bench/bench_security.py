@@ -6,7 +6,8 @@ each client's requests to the two gateways in turn, so that both share every mom
 figure that resolves c1's small differences). Also the CPU time of the middleware stack alone, in process
 (no network, no Triton), with the loop let run between requests so that work a request leaves behind (a
 limiter's sweep) is timed too.
-Goal: keyed >= 97% of open throughput and p50 within 0.3 ms.
+Goal: keyed >= 97% of open throughput and p50 within 0.3 ms. The last column gives each paired difference's
+mean over the rounds with its 95% interval: a goal narrower than that interval is one the run cannot decide.
 
     .venv/bin/python bench/bench_security.py [--window 8] [--rounds 2]
 """
@@ -186,6 +187,19 @@ def report(label: str, result) -> None:
           f"errors {result.errors}" + (f" ({result.first_error})" if result.errors else ""), flush=True)
 
 
+# Student's t at 97.5% for n - 1 degrees of freedom (n rounds): the 95% interval of a mean of few rounds
+T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
+
+
+def interval(deltas: list[float]) -> tuple[float, float]:
+    """(mean, half-width of its 95% interval) of per-round paired differences: what the run can tell apart.
+    A goal inside the interval's width is one this run cannot show met or missed."""
+    mean = statistics.mean(deltas)
+    if len(deltas) < 2:
+        return mean, float("inf")
+    return mean, T975.get(len(deltas) - 1, 2.0) * statistics.stdev(deltas) / len(deltas) ** 0.5
+
+
 def table(results, from_latency: bool = False) -> None:
     """`from_latency`: req/s as concurrency / mean latency (the interleaved load sends each target the same
     number of requests, so its counts say nothing)."""
@@ -193,8 +207,9 @@ def table(results, from_latency: bool = False) -> None:
         return result.concurrency / mean_latency(result) if from_latency else result.throughput
 
     print("| concurrency | open req/s | keyed req/s | keyed/open | open p50 ms | keyed p50 ms | p50 delta ms "
-          "| gateway CPU ms/req open, keyed (delta) | keyed/open, p50 delta per round |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| gateway CPU ms/req open, keyed (delta) | keyed/open, p50 delta per round "
+          "| rounds' mean, 95% interval: keyed/open, p50 delta ms, CPU delta us |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for concurrency in (1, 32):
         rows = {}
         for name in ("open", "keyed"):
@@ -203,10 +218,15 @@ def table(results, from_latency: bool = False) -> None:
                           statistics.median(r.percentile(50) for r in runs) * 1000,
                           statistics.mean(r.gateway_cpu_ms for r in runs))
         (ot, op, oc), (kt, kp, kc) = rows["open"], rows["keyed"]
+        pairs = list(zip(results[("open", concurrency)], results[("keyed", concurrency)]))
         rounds = ", ".join(f"{rate(k) / rate(o):.3f} {(k.percentile(50) - o.percentile(50)) * 1000:+.2f}"
-                           for o, k in zip(results[("open", concurrency)], results[("keyed", concurrency)]))
+                           for o, k in pairs)
+        ratio = interval([rate(k) / rate(o) for o, k in pairs])
+        p50 = interval([(k.percentile(50) - o.percentile(50)) * 1000 for o, k in pairs])
+        cpu = interval([(k.gateway_cpu_ms - o.gateway_cpu_ms) * 1000 for o, k in pairs])
         print(f"| {concurrency} | {ot:.1f} | {kt:.1f} | {kt / ot:.3f} | {op:.2f} | {kp:.2f} | {kp - op:+.2f} "
-              f"| {oc:.3f}, {kc:.3f} ({(kc - oc) * 1000:+.0f} us) | {rounds} |")
+              f"| {oc:.3f}, {kc:.3f} ({(kc - oc) * 1000:+.0f} us) | {rounds} "
+              f"| {ratio[0]:.3f} ± {ratio[1]:.3f}, {p50[0]:+.2f} ± {p50[1]:.2f}, {cpu[0]:+.0f} ± {cpu[1]:.0f} |")
 
 
 if __name__ == "__main__":

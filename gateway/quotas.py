@@ -17,9 +17,10 @@ import logging
 import math
 import time
 import uuid
+from dataclasses import dataclass
 
 from fastapi import Request
-from limits import RateLimitItemPerMinute, RateLimitItemPerSecond
+from limits import RateLimitItem, RateLimitItemPerMinute, RateLimitItemPerSecond
 from limits.aio.storage import MemoryStorage
 from limits.aio.strategies import MovingWindowRateLimiter
 from limits.storage import storage_from_string
@@ -148,6 +149,24 @@ class RedisConcurrency:
         await self.redis.aclose()
 
 
+@dataclass(frozen=True)
+class Window:
+    """One rate window of one key: the `limits` item, the identifier its headers are read by, and the
+    storage key, built once per key (`limits` would rebuild the key string on every hit)."""
+    item: RateLimitItem
+    namespace: str
+    storage_key: str
+    kind: str  # "requests" or "tokens": the x-ratelimit-*-<kind> headers
+
+
+@dataclass(frozen=True)
+class KeyQuota:
+    """What the Quotas middleware checks for a key: its concurrency limit (0: none) and its requests
+    per second window (None: none)."""
+    concurrency: int
+    requests: Window | None
+
+
 class QuotaBook:
     """The limiter and the limits of each key (its own from the keys file, else the defaults)."""
 
@@ -156,7 +175,8 @@ class QuotaBook:
         self.limiter = MovingWindowRateLimiter(rate_storage(settings.quota_storage))
         self.concurrency = (RedisConcurrency(settings.redis_url, settings.redis_prefix, settings.request_timeout_s)
                             if settings.redis_url else LocalConcurrency())
-        self._items: dict[tuple[str, int], object] = {}
+        self._windows: dict[tuple[str, str, int, str], Window] = {}
+        self._quotas: dict[str, KeyQuota] = {}  # by key id; the keys file is read once, at start
         self._warned = 0.0
 
     async def close(self) -> None:
@@ -166,20 +186,33 @@ class QuotaBook:
     def limit(self, key: ApiKey, name: str) -> int:
         return key.limits.get(name, getattr(self.settings, f"quota_{name}"))
 
-    def item(self, per: str, amount: int):
-        found = self._items.get((per, amount))
+    def window(self, key: ApiKey, per: str, amount: int, kind: str) -> Window:
+        found = self._windows.get((key.key_id, per, amount, kind))
         if found is None:
-            cls = RateLimitItemPerSecond if per == "second" else RateLimitItemPerMinute
-            found = self._items[(per, amount)] = cls(amount)
+            item = (RateLimitItemPerSecond if per == "second" else RateLimitItemPerMinute)(amount)
+            namespace = f"{kind}:{key.key_id}"
+            found = self._windows[(key.key_id, per, amount, kind)] = Window(item, namespace, item.key_for(namespace),
+                                                                             kind)
+        return found
+
+    def quota(self, key: ApiKey) -> KeyQuota:
+        found = self._quotas.get(key.key_id)
+        if found is None:
+            rps = self.limit(key, "requests_per_second")
+            found = self._quotas[key.key_id] = KeyQuota(self.limit(key, "concurrency"),
+                                                        self.window(key, "second", rps, "requests") if rps else None)
         return found
 
     async def hit(self, key: ApiKey, per: str, amount: int, kind: str, cost: int = 1) -> tuple[bool, dict[str, str]]:
-        """(allowed, headers). The window's state (one more storage call) is read for a refusal only: the
-        headers go on 429s, which keeps an allowed request at one call to the limiter."""
-        item = self.item(per, amount)
-        namespace = f"{kind}:{key.key_id}"
+        return await self.take(self.window(key, per, amount, kind), cost)
+
+    async def take(self, window: Window, cost: int = 1) -> tuple[bool, dict[str, str]]:
+        """(allowed, headers). What the limiter's `hit` does (one moving-window entry in the storage), with
+        the key string built once. The window's state (one more storage call) is read for a refusal only:
+        the headers go on 429s, which keeps an allowed request at one call to the storage."""
+        item = window.item
         try:
-            if await self.limiter.hit(item, namespace, cost=cost):
+            if await self.limiter.storage.acquire_entry(window.storage_key, item.amount, item.get_expiry(), cost):
                 return True, {}
         except Exception as exc:  # noqa: BLE001 - the store is down: fail open (module docstring)
             if time.monotonic() - self._warned > 10:
@@ -187,9 +220,10 @@ class QuotaBook:
                 log.warning("quota store %s unreachable: %s; rates are not limited meanwhile",
                             self.settings.quota_storage.split("@")[-1], exc)
             return True, {}
-        stats = await self.limiter.get_window_stats(item, namespace)
-        wait = max(0.0, stats.reset_time - time.time())
-        return False, {f"x-ratelimit-limit-{kind}": str(amount), f"x-ratelimit-remaining-{kind}": str(stats.remaining),
+        stats = await self.limiter.get_window_stats(item, window.namespace)
+        wait, kind = max(0.0, stats.reset_time - time.time()), window.kind
+        return False, {f"x-ratelimit-limit-{kind}": str(item.amount),
+                       f"x-ratelimit-remaining-{kind}": str(stats.remaining),
                        f"x-ratelimit-reset-{kind}": reset_text(wait), "Retry-After": str(max(1, math.ceil(wait)))}
 
 
@@ -204,20 +238,21 @@ class Quotas:
         if key is None:
             return await self.app(scope, receive, send)
         book = self.book
+        quota = book.quota(key)
         # concurrency first: a request refused for it must not use up one of the key's requests per second
-        concurrency, ticket = book.limit(key, "concurrency"), None
-        if concurrency:
-            admitted, active, ticket = await book.concurrency.acquire(key.key_id, concurrency)
+        ticket = None
+        if quota.concurrency:
+            admitted, active, ticket = await book.concurrency.acquire(key.key_id, quota.concurrency)
             if not admitted:
                 log.info("429 key %s: %d requests in flight", key.key_id, active)
                 return await errors.send(send, errors.TooManyRequests(
                     f"key '{key.key_id}' has {active} requests in flight, its limit", {"Retry-After": "1"},
                     code="concurrency_limit_exceeded"))
         try:
-            rps = book.limit(key, "requests_per_second")
-            if rps:
-                allowed, headers = await book.hit(key, "second", rps, "requests")
+            if quota.requests is not None:
+                allowed, headers = await book.take(quota.requests)
                 if not allowed:
+                    rps = quota.requests.item.amount
                     log.info("429 key %s: over %d requests/s", key.key_id, rps)
                     return await errors.send(send, errors.TooManyRequests(
                         f"key '{key.key_id}' is over its limit of {rps} requests per second", headers,

@@ -173,6 +173,25 @@ def test_a_request_refused_for_concurrency_uses_no_rate_slot(tmp_path):
     asyncio.run(main())
 
 
+def test_a_key_window_is_the_window_limits_counts(tmp_path):
+    """QuotaBook builds a key's storage key once and hits the storage with it: it must be the key that
+    limits' own limiter and window stats use, or the 429 headers (and Redis-shared counts) would read another window."""
+    key = ApiKey("k", bytes(32), frozenset({"inference"}), {"requests_per_second": 3})
+
+    async def main():
+        book = QuotaBook(Settings(data_dir=tmp_path))
+        window = book.quota(key).requests
+        assert book.quota(key) is book.quota(key) and window.item.amount == 3
+        assert [(await book.take(window))[0] for _ in range(3)] == [True] * 3
+        assert not await book.limiter.hit(window.item, window.namespace)  # limits sees the same three
+        allowed, headers = await book.take(window)
+        assert not allowed and headers["x-ratelimit-limit-requests"] == "3"
+        assert headers["x-ratelimit-remaining-requests"] == "0" and int(headers["Retry-After"]) >= 1
+        other = ApiKey("other", bytes(32), frozenset({"inference"}), {"requests_per_second": 3})
+        assert (await book.take(book.quota(other).requests))[0]  # another key's window is its own
+    asyncio.run(main())
+
+
 def test_openapi_document_declares_security_and_errors():
     from gateway.app import create_app
 

@@ -1,0 +1,20 @@
+"""bench/bench_security.py's verdict arithmetic: the 95% interval of paired per-round differences."""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "bench")]
+
+from bench_security import interval  # noqa: E402
+
+
+def test_interval_of_paired_rounds():
+    mean, half = interval([1.0, 2.0, 3.0])
+    assert mean == 2.0 and math.isclose(half, 4.30 * 1.0 / 3 ** 0.5)  # t(2 dof) x sd / sqrt(n)
+    assert interval([0.5, 0.5, 0.5, 0.5]) == (0.5, 0.0)  # identical rounds: the run decides exactly
+    assert interval([0.2]) == (0.2, math.inf)  # one round says nothing about its spread
+    wide, narrow = interval([-9.8, 1.2, -6.7, 9.6])[1], interval([0.1, 0.2, 0.15, 0.25])[1]
+    assert wide > 0.3 > narrow  # a 0.3 ms goal: undecidable from the first rounds, decided by the second
