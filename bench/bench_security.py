@@ -28,6 +28,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "client"), str(ROOT / "bench"), str(ROOT /
 from bench_gateway import CpuShare  # noqa: E402
 from bench_text_embedding import corpus  # noqa: E402
 from http_load import bearer, run_http_load, run_http_load_interleaved  # noqa: E402
+from paired import interval  # noqa: E402
 from tools.gateway_process import GatewayProcess  # noqa: E402
 from tools.triton_server import TritonServer, free_port  # noqa: E402
 
@@ -185,19 +186,6 @@ def report(label: str, result) -> None:
     print(f"  {label}: {result.throughput:7.1f} req/s, p50 {result.percentile(50) * 1000:6.2f} ms, mean "
           f"{mean_latency(result) * 1000:6.2f} ms, gateway CPU {result.gateway_cpu_ms:.3f} ms/req, "
           f"errors {result.errors}" + (f" ({result.first_error})" if result.errors else ""), flush=True)
-
-
-# Student's t at 97.5% for n - 1 degrees of freedom (n rounds): the 95% interval of a mean of few rounds
-T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
-
-
-def interval(deltas: list[float]) -> tuple[float, float]:
-    """(mean, half-width of its 95% interval) of per-round paired differences: what the run can tell apart.
-    A goal inside the interval's width is one this run cannot show met or missed."""
-    mean = statistics.mean(deltas)
-    if len(deltas) < 2:
-        return mean, float("inf")
-    return mean, T975.get(len(deltas) - 1, 2.0) * statistics.stdev(deltas) / len(deltas) ** 0.5
 
 
 def table(results, from_latency: bool = False) -> None:

@@ -41,6 +41,7 @@ import numpy as np  # noqa: E402
 from bench_gateway import MODEL_ID, CpuShare  # noqa: E402
 from bench_text_embedding import corpus  # noqa: E402
 from http_load import run_http_load  # noqa: E402
+from paired import interval, verdict  # noqa: E402
 from perf import run_load, text_inputs_factory  # noqa: E402
 from tools.gateway_process import GatewayProcess  # noqa: E402
 from tools.triton_server import TritonServer, free_port, process_tree  # noqa: E402
@@ -202,21 +203,32 @@ def means(points: list[dict]) -> dict[tuple[str, int], dict]:
                   "client_cpu": statistics.fmean(p["client_cpu"] for p in ps),
                   "serving_cpu": statistics.fmean(p["serving_cpu"] for p in ps),
                   **{k: statistics.fmean(p[k] for p in ps) for k in ("client_ms", "own_ms", "triton_ms")},
-                  "client_limited": any(p["client_limited"] for p in ps), "rounds": [p["rps"] for p in ps]}
+                  "client_limited": any(p["client_limited"] for p in ps), "rounds": [p["rps"] for p in ps],
+                  "p50_rounds": [p["p50_ms"] for p in ps]}
             for key, ps in groups.items()}
 
 
+def decided(deltas: list[float], goal: float, higher_is_better: bool) -> str:
+    """The rounds' paired mean with its 95% interval, and what it decides (bench/paired.py)."""
+    mean, half = interval(deltas)
+    return f"rounds' mean {mean:.3f} ± {half:.3f}: {verdict(deltas, goal, higher_is_better)}"
+
+
 def goals(m: dict, names: list[str], levels) -> list[str]:
-    """The issue's goals, met or missed, from the means of this run."""
+    """The issue's goals, met or missed, from the means of this run; then what the paired rounds (the
+    gateway against direct gRPC in the same round) decide, given their spread."""
     lines = []
     for c in (32, 64):
         if (GRPC, c) in m and (GATEWAY, c) in m:
             ratio = m[(GATEWAY, c)]["rps"] / max(m[(GRPC, c)]["rps"], 1e-9)
+            ratios = [g / max(d, 1e-9) for g, d in zip(m[(GATEWAY, c)]["rounds"], m[(GRPC, c)]["rounds"])]
             lines.append(f"- gateway/direct gRPC throughput at c{c}: {ratio:.2f} (goal >= 0.90: "
-                         f"{'met' if ratio >= 0.9 else 'missed'})")
+                         f"{'met' if ratio >= 0.9 else 'missed'}; {decided(ratios, 0.9, True)})")
     if (GRPC, 1) in m and (GATEWAY, 1) in m:
         added = m[(GATEWAY, 1)]["p50_ms"] - m[(GRPC, 1)]["p50_ms"]
-        lines.append(f"- added p50 at c1: {added:+.2f} ms (goal <= 1.5 ms: {'met' if added <= 1.5 else 'missed'})")
+        deltas = [g - d for g, d in zip(m[(GATEWAY, 1)]["p50_rounds"], m[(GRPC, 1)]["p50_rounds"])]
+        lines.append(f"- added p50 at c1: {added:+.2f} ms (goal <= 1.5 ms: {'met' if added <= 1.5 else 'missed'}; "
+                     f"{decided(deltas, 1.5, False)})")
     peers = [n for n in names if n not in (GRPC, GATEWAY) and not n.startswith(GATEWAY)]
     for c in levels:
         if (GATEWAY, c) not in m:

@@ -29,12 +29,23 @@ def test_goals_met_and_missed():
               point(ce.GRPC, 64, 450, 140), point(ce.GATEWAY, 64, 430, 150)]
     names = [ce.GRPC, ce.GATEWAY, "infinity (torch)"]
     lines = ce.goals(ce.means(points), names, (1, 32, 64))
-    assert "- gateway/direct gRPC throughput at c32: 0.89 (goal >= 0.90: missed)" in lines
-    assert "- gateway/direct gRPC throughput at c64: 0.96 (goal >= 0.90: met)" in lines
-    assert "- added p50 at c1: +1.00 ms (goal <= 1.5 ms: met)" in lines
+    # one round: its spread is unknown, so nothing is decided
+    assert "- gateway/direct gRPC throughput at c32: 0.89 (goal >= 0.90: missed; rounds' mean 0.889 ± inf: not decided)" in lines
+    assert "- gateway/direct gRPC throughput at c64: 0.96 (goal >= 0.90: met; rounds' mean 0.956 ± inf: not decided)" in lines
+    assert "- added p50 at c1: +1.00 ms (goal <= 1.5 ms: met; rounds' mean 1.000 ± inf: not decided)" in lines
     assert any(line.startswith("- c1: ") and "ahead of every peer" in line for line in lines)
     # a peer ahead in throughput at c32 is named, even with a worse p50
     assert any(line.startswith("- c32: ") and "NOT ahead of infinity (torch) (410.0/s" in line for line in lines)
+
+
+def test_paired_rounds_decide_a_goal_only_outside_their_spread():
+    def run(grpc_rps, gateway_rps):
+        return [point(name, 32, rps, 100) for pair in zip(grpc_rps, gateway_rps)
+                for name, rps in zip((ce.GRPC, ce.GATEWAY), pair)]
+    steady = ce.goals(ce.means(run([300, 320, 310], [282, 301, 291])), [ce.GRPC, ce.GATEWAY], (32,))
+    assert any("at c32: 0.94" in line and line.endswith(": met)") for line in steady)
+    swinging = ce.goals(ce.means(run([300, 320, 310], [240, 320, 300])), [ce.GRPC, ce.GATEWAY], (32,))
+    assert any("at c32: 0.92" in line and line.endswith(": not decided)") for line in swinging)
 
 
 def test_report_marks_client_limited_figures_and_draws_the_plot(tmp_path):

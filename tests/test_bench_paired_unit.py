@@ -1,4 +1,4 @@
-"""bench/bench_security.py's verdict arithmetic: the 95% interval of paired per-round differences."""
+"""bench/paired.py: what paired rounds can decide (the 95% interval of per-round differences)."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "bench")]
 
-from bench_security import interval  # noqa: E402
+from paired import interval, verdict  # noqa: E402
 
 
 def test_interval_of_paired_rounds():
@@ -18,3 +18,11 @@ def test_interval_of_paired_rounds():
     assert interval([0.2]) == (0.2, math.inf)  # one round says nothing about its spread
     wide, narrow = interval([-9.8, 1.2, -6.7, 9.6])[1], interval([0.1, 0.2, 0.15, 0.25])[1]
     assert wide > 0.3 > narrow  # a 0.3 ms goal: undecidable from the first rounds, decided by the second
+
+
+def test_verdicts():
+    assert verdict([0.95, 0.96, 0.94, 0.95], 0.9, higher_is_better=True) == "met"
+    assert verdict([0.85, 0.86, 0.84], 0.9, higher_is_better=True) == "missed"
+    assert verdict([0.85, 0.95, 0.90], 0.9, higher_is_better=True) == "not decided"
+    assert verdict([0.7, 0.8, 0.9], 1.5, higher_is_better=False) == "met"  # added ms: lower is better
+    assert verdict([2.0, 2.1, 1.9], 1.5, higher_is_better=False) == "missed"
