@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -18,6 +19,9 @@ def test_interval_of_paired_rounds():
     assert interval([0.2]) == (0.2, math.inf)  # one round says nothing about its spread
     wide, narrow = interval([-9.8, 1.2, -6.7, 9.6])[1], interval([0.1, 0.2, 0.15, 0.25])[1]
     assert wide > 0.3 > narrow  # a 0.3 ms goal: undecidable from the first rounds, decided by the second
+    # many rounds: t for their own degrees of freedom (12 rounds: 2.20), and past the table t(30), not 1.96
+    assert math.isclose(interval([0.0, 1.0] * 6)[1], 2.20 * statistics.stdev([0.0, 1.0] * 6) / 12 ** 0.5)
+    assert math.isclose(interval([0.0, 1.0] * 50)[1], 2.04 * statistics.stdev([0.0, 1.0] * 50) / 100 ** 0.5)
 
 
 def test_verdicts():
