@@ -11,7 +11,7 @@ export MODEL_PROFILE HOST HTTP_PORT GRPC_PORT METRICS_PORT
 .PHONY: setup model train-demo triton test unit bench soak sweep triton-docker clean deploy-check docs fuzz cluster cluster-rolling
 
 setup:
-	@bash tools/setup.sh
+	@bash launcher/setup.sh
 
 model: setup
 	@$(PY) build/build_models.py --profile $(MODEL_PROFILE)
@@ -21,7 +21,7 @@ train-demo: setup
 	@DEMO_RETRAIN=1 $(PY) build/build_models.py --profile demo
 
 triton: setup model
-	@exec $(PY) tools/triton_launcher.py
+	@exec $(PY) -m launcher
 
 # Redis + REPLICAS complete replicas (Triton, supervisor, gateway on CLUSTER_PORT+1+i) + HAProxy on CLUSTER_PORT,
 # in the foreground (Ctrl-C stops everything); CLUSTER_MODELS=a,b: what each replica loads (default: every
@@ -30,10 +30,10 @@ REPLICAS ?= 2
 CLUSTER_PORT ?= 8090
 cluster: setup model
 	@bash deploy/install_tools.sh || echo "cluster: could not install redis-server/haproxy (deploy/install_tools.sh)"
-	@exec $(PY) tools/cluster.py run --replicas $(REPLICAS) --port $(CLUSTER_PORT) --models "$(CLUSTER_MODELS)" $(if $(DATA_DIR),--data-dir $(DATA_DIR))
+	@exec $(PY) -m launcher.cluster run --replicas $(REPLICAS) --port $(CLUSTER_PORT) --models "$(CLUSTER_MODELS)" $(if $(DATA_DIR),--data-dir $(DATA_DIR))
 
 cluster-rolling: setup
-	@$(PY) tools/cluster.py rolling --port $(CLUSTER_PORT) $(if $(DATA_DIR),--data-dir $(DATA_DIR))
+	@$(PY) -m launcher.cluster rolling --port $(CLUSTER_PORT) $(if $(DATA_DIR),--data-dir $(DATA_DIR))
 
 test: setup model
 	@bash deploy/install_tools.sh || echo "test: prometheus/kubectl/chromium not installable: tests/test_deploy.py skips those checks, the browser tests fail"

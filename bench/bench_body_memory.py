@@ -22,9 +22,10 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
-from gateway.body_budget import DEFAULT_BUDGET  # noqa: E402
-from tools.gateway_process import GatewayProcess  # noqa: E402
-from tools.triton_server import TritonServer, free_port  # noqa: E402
+from gateway.middleware.body_budget import DEFAULT_BUDGET  # noqa: E402
+from launcher.gateway_process import GatewayProcess  # noqa: E402
+from launcher.processes import free_port  # noqa: E402
+from launcher.triton_server import TritonServer  # noqa: E402
 
 KEY = "gk-bench-body-0123456789"
 BIG = 400_000_000

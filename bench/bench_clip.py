@@ -38,8 +38,8 @@ def build_model(dest: Path = MODEL_DIR) -> Path:
 
 
 def export(model_dir: Path) -> tuple[float, dict]:
-    """The gateway's export (build/onnx_export.py export_clip) into model_dir; (seconds, max abs diffs)."""
-    from build.onnx_export import export_clip
+    """The gateway's export (gateway/modelgen/onnx_export.py export_clip) into model_dir; (seconds, max abs diffs)."""
+    from gateway.modelgen.onnx_export import export_clip
 
     started = time.perf_counter()
     diffs = export_clip(model_dir, model_dir)

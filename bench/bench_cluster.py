@@ -1,5 +1,5 @@
 """Throughput of `/v1/embeddings` (one text per request, all-MiniLM-L6-v2 through `text_embedding`) through
-`make cluster`'s HAProxy at concurrency 32, with 1 and with 2 replicas on this machine (tools/cluster.py,
+`make cluster`'s HAProxy at concurrency 32, with 1 and with 2 replicas on this machine (launcher/cluster/,
 each replica loading text_embedding only), plus the 1-replica gateway asked directly (what HAProxy costs).
 Per setup: req/s, p50/p95, errors, and what a replica costs: its processes' RSS and CPU share over the
 window, and its start time. Closed loop over HTTP (bench/http_load.py).
@@ -25,8 +25,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 import psutil  # noqa: E402
 
 from http_load import run_http_load  # noqa: E402
-from tools.cluster import Cluster, free_cluster_port  # noqa: E402
-from tools.triton_server import process_tree  # noqa: E402
+from launcher.cluster.stand import Cluster, free_cluster_port  # noqa: E402
+from launcher.processes import process_tree  # noqa: E402
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 

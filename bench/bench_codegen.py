@@ -36,8 +36,10 @@ import tritonclient.grpc as grpcclient
 from generate import request_inputs
 from perf import run_load
 
-from tools.triton_server import ROOT, TritonServer, free_port
+from launcher.processes import free_port
+from launcher.triton_server import TritonServer
 
+ROOT = Path(__file__).resolve().parent.parent
 MODELS = ["codegen_generator", "codegen", "codegen_stream"]
 STAGES = ["codegen_preprocess", "codegen_collect", "codegen_postprocess", "codegen_generator"]
 PRE_POST = ["codegen_preprocess", "codegen_postprocess"]

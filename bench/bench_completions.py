@@ -26,10 +26,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "client")]
 import aiohttp  # noqa: E402
 
 from gateway.completions.tensors import STREAM_MODEL, sequence_inputs  # noqa: E402
-from gateway.triton_engine import TritonEngine  # noqa: E402
+from gateway.triton.engine import TritonEngine  # noqa: E402
+from launcher.gateway_process import GatewayProcess  # noqa: E402
+from launcher.processes import free_port  # noqa: E402
 from perf import LoadResult  # noqa: E402
-from tools.gateway_process import GatewayProcess  # noqa: E402
-from tools.triton_server import free_port  # noqa: E402
 
 MODELS = ["codegen_generator", "codegen", "codegen_stream"]
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n\n\ndef main(argv):\n",

@@ -6,8 +6,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from bench.model_repo import MODEL_REPOSITORY, parameter
 from perf import best_limit, run_load, text_inputs_factory
-from tools.model_repo import MODEL_REPOSITORY, parameter
 
 MODELS = ["food_captioning"]
 

@@ -24,9 +24,9 @@ import psutil  # noqa: E402
 
 from bench_text_embedding import corpus  # noqa: E402
 from http_load import run_http_load  # noqa: E402
+from launcher.gateway_process import GatewayProcess  # noqa: E402
+from launcher.processes import free_port, process_tree  # noqa: E402
 from perf import LoadResult, format_report, run_load, text_inputs_factory  # noqa: E402
-from tools.gateway_process import GatewayProcess  # noqa: E402
-from tools.triton_server import free_port, process_tree  # noqa: E402
 
 MODELS = ["text_embedding"]
 MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"  # the gateway's name for text_embedding

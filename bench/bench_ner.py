@@ -8,8 +8,8 @@ import random
 import statistics
 import time
 
+from bench.model_repo import MODEL_REPOSITORY, parameter
 from perf import best_limit, in_process_limit, run_load, text_inputs_factory
-from tools.model_repo import MODEL_REPOSITORY, parameter
 
 PEOPLE = ["George Washington", "Angela Merkel", "Barack Obama", "Marie Curie", "Kofi Annan", "Zoë Saldaña"]
 PLACES = ["Washington", "Berlin", "Paris", "New York", "Tokyo", "Zürich", "the United Kingdom", "Lagos"]

@@ -139,8 +139,9 @@ def bench_stores(n: int, window: float, qdrant_budget: float, folder: Path) -> N
 def bench_gateway(images: int, window: float, warmup: float) -> None:
     import httpx
 
-    from tools.gateway_process import GatewayProcess
-    from tools.triton_server import TritonServer, free_port
+    from launcher.gateway_process import GatewayProcess
+    from launcher.processes import free_port
+    from launcher.triton_server import TritonServer
 
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp)

@@ -28,9 +28,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "client"), str(ROOT / "bench"), str(ROOT /
 from bench_gateway import CpuShare  # noqa: E402
 from bench_text_embedding import corpus  # noqa: E402
 from http_load import bearer, run_http_load, run_http_load_interleaved  # noqa: E402
+from launcher.gateway_process import GatewayProcess  # noqa: E402
+from launcher.processes import free_port  # noqa: E402
+from launcher.triton_server import TritonServer  # noqa: E402
 from paired import interval  # noqa: E402
-from tools.gateway_process import GatewayProcess  # noqa: E402
-from tools.triton_server import TritonServer, free_port  # noqa: E402
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 KEY = "gk-bench-key-0123456789"

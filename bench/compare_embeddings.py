@@ -41,10 +41,11 @@ import numpy as np  # noqa: E402
 from bench_gateway import MODEL_ID, CpuShare  # noqa: E402
 from bench_text_embedding import corpus  # noqa: E402
 from http_load import run_http_load  # noqa: E402
+from launcher.gateway_process import GatewayProcess  # noqa: E402
+from launcher.processes import free_port, process_tree  # noqa: E402
+from launcher.triton_server import TritonServer  # noqa: E402
 from paired import interval, verdict  # noqa: E402
 from perf import run_load, text_inputs_factory  # noqa: E402
-from tools.gateway_process import GatewayProcess  # noqa: E402
-from tools.triton_server import TritonServer, free_port, process_tree  # noqa: E402
 
 LEVELS = (1, 8, 32, 64)
 MODEL_DIR = ROOT / "model_repository" / "text_embedding_encoder" / "1"  # the all-MiniLM-L6-v2 folder Triton serves

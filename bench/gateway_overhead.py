@@ -22,11 +22,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from compare_embeddings import Contender, TreeGateway, measure  # noqa: E402
 from bench_gateway import MODEL_ID  # noqa: E402
 from bench_text_embedding import corpus  # noqa: E402
-from tools.gateway_process import GatewayProcess  # noqa: E402
-from tools.triton_server import free_port  # noqa: E402
+from compare_embeddings import Contender, TreeGateway, measure  # noqa: E402
+from launcher.gateway_process import GatewayProcess  # noqa: E402
+from launcher.processes import free_port  # noqa: E402
 
 
 def main() -> int:

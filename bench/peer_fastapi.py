@@ -74,7 +74,7 @@ def food_captioning_app() -> FastAPI:
     cls_processor = AutoImageProcessor.from_pretrained(str(cls_dir), use_fast=False)
     captioner = BlipForConditionalGeneration.from_pretrained(str(cap_dir)).eval()
     cap_processor = BlipProcessor.from_pretrained(str(cap_dir), use_fast=False)
-    from tools.model_repo import parameter  # the served captioner's decoding settings, so both do the same work
+    from bench.model_repo import parameter  # the served captioner's decoding settings, so both do the same work
 
     template = parameter("food_captioning_captioner", "prompt_template")
     max_new_tokens = int(parameter("food_captioning_captioner", "max_new_tokens"))

@@ -1,6 +1,6 @@
 """Soak: mixed load on every pipeline at concurrency 32, a bad request in every 50, a stub kill every
 5 minutes (scaled down for short runs) and whole-server kills (kill -9 tritonserver: 2 in a run of 10
-minutes or more, else 1), supervised by supervisor/ and kept running by tools/server_keeper.py; checks
+minutes or more, else 1), supervised by supervisor/ and kept running by launcher/server_keeper.py; checks
 the goals and exits non-zero when one fails.
 
     make soak SOAK_S=1800        (.venv/bin/python bench/soak.py --seconds 1800)
@@ -21,16 +21,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT / "tests"))  # food_images.py: the workload's test photo
 
 import signal  # noqa: E402
 
+from bench.workload import Load  # noqa: E402
+from launcher.keeper import RestartPolicy  # noqa: E402
+from launcher.processes import free_port, process_group, process_tree, shm_regions_mapped  # noqa: E402
+from launcher.server_keeper import SupervisedServer  # noqa: E402
+from launcher.triton_server import TritonServer, shipped_models  # noqa: E402
 from supervisor.canaries import default_canaries  # noqa: E402
 from supervisor.faults import kill_stub  # noqa: E402
 from supervisor.monitor import Supervisor  # noqa: E402
-from supervisor.workload import Load  # noqa: E402
-from tools.server_keeper import RestartPolicy, SupervisedServer  # noqa: E402
-from tools.triton_server import (TritonServer, free_port, process_group, process_tree, shipped_models,  # noqa: E402
-                                   shm_regions_mapped)
 
 PIPELINES = ["text_embedding", "ner", "food_captioning", "codegen", "codegen_stream"]
 # networks (ONNX Runtime) and numpy/tokenizer stages in turn, the decoupled generator among them (its kill

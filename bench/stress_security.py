@@ -31,8 +31,9 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from tools.gateway_process import GatewayProcess  # noqa: E402
-from tools.triton_server import TritonServer, free_port  # noqa: E402
+from launcher.gateway_process import GatewayProcess  # noqa: E402
+from launcher.processes import free_port  # noqa: E402
+from launcher.triton_server import TritonServer  # noqa: E402
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 KEYS = {"main": "gk-stress-main-0123456789", "tight": "gk-stress-tight-0123456789",

@@ -19,8 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "backends"), str(ROOT / "client"), str(ROOT / "bench")]
 
+from launcher.processes import free_port, process_tree  # noqa: E402
+from launcher.triton_server import TritonServer  # noqa: E402
 from perf import LoadResult, format_report  # noqa: E402
-from tools.triton_server import TritonServer, free_port, process_tree  # noqa: E402
 
 ORDER = ["text_embedding", "ner", "food_captioning", "codegen"]
 

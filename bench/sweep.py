@@ -30,11 +30,12 @@ sys.path[:0] = [str(ROOT), str(ROOT / "backends"), str(ROOT / "client"), str(ROO
 
 from google.protobuf import json_format  # noqa: E402
 
-from suite import memory_mib  # noqa: E402
+from bench.model_repo import parse_config  # noqa: E402
 from http_load import run_http_load  # noqa: E402
+from launcher.processes import free_port  # noqa: E402
+from launcher.triton_server import TritonServer  # noqa: E402
 from perf import run_load, text_inputs_factory  # noqa: E402
-from tools.model_repo import parse_config  # noqa: E402
-from tools.triton_server import TritonServer, free_port  # noqa: E402
+from suite import memory_mib  # noqa: E402
 
 CONCURRENCY = (1, 8, 32)
 

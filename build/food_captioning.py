@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from build.common import ROOT, Progress, seed_everything, trained, version_dir
-from build.onnx_export import export_blip_captioner, export_image_classifier
+from gateway.modelgen.onnx_export import export_blip_captioner, export_image_classifier
 
 BLIP_HUB_ID = "Salesforce/blip-image-captioning-base"
 CLASSIFIER_ENV = "FOOD11_CLASSIFIER"

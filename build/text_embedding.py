@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from build.common import Progress, copy_tree, version_dir
-from build.onnx_export import export_encoder
+from gateway.modelgen.onnx_export import export_encoder
 
 HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")

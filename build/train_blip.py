@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from build.common import TrainLog, seed_everything
+from build.common import seed_everything
+from build.training import train_steps, warmup_then_linear
 
 SEED = 1234
 TRAIN_SEED, HELD_OUT_SEED = 41, 42  # scene seeds
 POOL, STEPS, BATCH, LR = 3000, 800, 16, 3e-3
 PROMPT = "a photo of {label}"  # the captioner stage's default prompt template
 NAME = "captioner"  # .artifacts/trained/<NAME>/
-SOURCES = [Path(__file__), Path(__file__).with_name("scenes.py"), Path(__file__).with_name("food_captioning.py")]
+SOURCES = [Path(__file__), Path(__file__).with_name("scenes.py"), Path(__file__).with_name("food_captioning.py"),
+           Path(__file__).with_name("training.py")]
 
 
 def untrained():
@@ -44,11 +46,8 @@ def train(dest: Path, pool: int = POOL, steps: int = STEPS) -> None:
     captions = [s.caption() for s in drawn]
     tokenizer = processor.tokenizer
     generator = torch.Generator().manual_seed(SEED)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / steps))
-    log = TrainLog("captioner", steps)
-    model.train()
-    for step in range(steps):
+
+    def batch_loss(step: int):
         idx = torch.randperm(pool, generator=generator)[:BATCH].tolist()
         labels = torch.randint(0, len(FOOD11_LABELS), (len(idx),), generator=generator).tolist()
         texts = [f"{PROMPT.format(label=FOOD11_LABELS[l])} {captions[i]}".lower() for i, l in zip(idx, labels)]
@@ -56,15 +55,10 @@ def train(dest: Path, pool: int = POOL, steps: int = STEPS) -> None:
         input_ids = batch.input_ids.clone()
         input_ids[:, 0] = tokenizer.bos_token_id  # generation starts from [DEC], as BLIP's generate does
         targets = input_ids.masked_fill(batch.attention_mask == 0, -100)
-        loss = model(pixel_values=pixels[idx], input_ids=input_ids, attention_mask=batch.attention_mask,
+        return model(pixel_values=pixels[idx], input_ids=input_ids, attention_mask=batch.attention_mask,
                      labels=targets).loss
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        log.step(step, loss.item())
-    model.eval()
+
+    train_steps(model, steps, batch_loss, "captioner", LR, warmup_then_linear(steps), clip_norm=1.0)
     model.save_pretrained(dest)
     processor.save_pretrained(dest)
 

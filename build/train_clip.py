@@ -6,13 +6,15 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from build.common import TrainLog, seed_everything
+from build.common import seed_everything
+from build.training import train_steps, warmup_then_linear
 
 SEED = 20261123
 TRAIN_SEED, HELD_OUT_SEED = 31, 32  # scene seeds
 POOL, STEPS, BATCH, LR = 3000, 800, 96, 2e-3
 NAME = "clip-demo"  # .artifacts/trained/<NAME>/
-SOURCES = [Path(__file__), Path(__file__).with_name("scenes.py"), Path(__file__).with_name("embedding_demo.py")]
+SOURCES = [Path(__file__), Path(__file__).with_name("scenes.py"), Path(__file__).with_name("embedding_demo.py"),
+           Path(__file__).with_name("training.py")]
 
 
 def augmented(image, rng, size: int):
@@ -52,11 +54,8 @@ def train(dest: Path, pool: int = POOL, steps: int = STEPS) -> None:
     variants = [[s.caption()] + [shape.phrase() for shape in s.shapes] for s in drawn]
     seed_everything(SEED)
     generator = torch.Generator().manual_seed(SEED)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / steps))
-    log = TrainLog("clip", steps)
-    model.train()
-    for step in range(steps):
+
+    def batch_loss(step: int):
         idx = torch.randperm(pool, generator=generator)[:BATCH]
         picks = torch.randint(0, 2 * MAX_SHAPES, (len(idx),), generator=generator).tolist()
         texts = [variants[i][0] if pick < MAX_SHAPES else variants[i][1 + pick % (len(variants[i]) - 1)]
@@ -64,13 +63,9 @@ def train(dest: Path, pool: int = POOL, steps: int = STEPS) -> None:
         text = tokenizer(texts, padding=True, return_tensors="pt")
         out = model(input_ids=text.input_ids, attention_mask=text.attention_mask, pixel_values=pixels[idx])
         target = torch.arange(len(idx))
-        loss = (F.cross_entropy(out.logits_per_image, target) + F.cross_entropy(out.logits_per_text, target)) / 2
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        log.step(step, loss.item())
-    model.eval()
+        return (F.cross_entropy(out.logits_per_image, target) + F.cross_entropy(out.logits_per_text, target)) / 2
+
+    train_steps(model, steps, batch_loss, "clip", LR, warmup_then_linear(steps))
     model.save_pretrained(str(dest))
     tokenizer.save_pretrained(str(dest))
     processor.save_pretrained(str(dest))

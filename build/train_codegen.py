@@ -18,13 +18,14 @@ import hashlib
 import math
 from pathlib import Path
 
-from build.common import TrainLog, seed_everything
+from build.common import seed_everything
+from build.training import train_steps
 
 SEED = 20240501
 CONTEXT, BATCH, STEPS, LR, WARMUP = 128, 16, 1200, 6e-3, 40
 MODULE_WINDOWS = 4  # of each batch's windows, cut anywhere from whole modules; the others start at a function
 NAME = "codegen"  # .artifacts/trained/<NAME>/
-SOURCES = [Path(__file__), Path(__file__).with_name("codegen.py")]
+SOURCES = [Path(__file__), Path(__file__).with_name("codegen.py"), Path(__file__).with_name("training.py")]
 
 
 def held_out(module: Path) -> bool:
@@ -112,25 +113,19 @@ def train(dest: Path, steps: int = STEPS, lr: float = LR, batch: int = BATCH, co
     data, module_data, starts = torch.tensor(ids), torch.tensor(module_ids), torch.tensor(starts)
     seed_everything(SEED)
     generator = torch.Generator().manual_seed(SEED)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
-    # linear warm-up, then a cosine down to a tenth
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / WARMUP) * (
-        0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, s / max(1, steps))))))
-    log = TrainLog(f"codegen GPT-J ({len(chunks)} functions, {len(module_ids)} tokens of modules)", steps)
-    model.train()
-    for step in range(steps):
+
+    def batch_loss(step: int):
         picks = starts[torch.randint(0, len(starts), (batch - MODULE_WINDOWS,), generator=generator)]
         anywhere = torch.randint(0, len(module_data) - context, (MODULE_WINDOWS,), generator=generator)
         windows = torch.stack([data[s:s + context] for s in picks.tolist()]
                               + [module_data[s:s + context] for s in anywhere.tolist()])
-        loss = model(input_ids=windows, labels=windows).loss
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        log.step(step, loss.item())
-    model.eval()
+        return model(input_ids=windows, labels=windows).loss
+
+    def schedule(s: int) -> float:  # linear warm-up, then a cosine down to a tenth
+        return min(1.0, (s + 1) / WARMUP) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, s / max(1, steps)))))
+
+    name = f"codegen GPT-J ({len(chunks)} functions, {len(module_ids)} tokens of modules)"
+    train_steps(model, steps, batch_loss, name, lr, schedule, betas=(0.9, 0.98), clip_norm=1.0)
     with torch.no_grad():  # padding ids never win (the tokenizer has no text for them)
         model.lm_head.weight[len(tokenizer):] = 0
         model.lm_head.bias[len(tokenizer):] = -100

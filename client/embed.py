@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gateway_calls import GatewayError, call
 from gateway_key import add_api_key_argument, auth_headers
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -31,26 +32,6 @@ def embed(url: str, texts: list[str]) -> np.ndarray:
     return client.infer("text_embedding", [string_rows("text", texts)]).as_numpy("embedding")
 
 
-class GatewayError(Exception):
-    pass
-
-
-def _post(http, path: str, body: dict) -> dict:
-    import httpx
-
-    try:
-        response = http.post(path, json=body)
-    except httpx.HTTPError as e:
-        raise GatewayError(f"{path}: {type(e).__name__}: {e}") from None
-    if response.status_code != 200:
-        try:
-            message = response.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = response.text[:300]
-        raise GatewayError(f"{path}: HTTP {response.status_code}: {message}")
-    return response.json()
-
-
 def embed_gateway(url: str, model: str, texts: list[str], images: list[Path], load: bool = False,
                   api_key: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(text vectors, image vectors), L2-normalized, from the gateway at `url`."""
@@ -58,13 +39,15 @@ def embed_gateway(url: str, model: str, texts: list[str], images: list[Path], lo
 
     with httpx.Client(base_url=url.rstrip("/"), timeout=300, headers=auth_headers(api_key)) as http:
         if load:
-            _post(http, "/load_clip_model" if images else "/load_sentence_transformer_model", {"model_name": model})
+            loader = "/load_clip_model" if images else "/load_sentence_transformer_model"
+            call(http, "POST", loader, {"model_name": model})
         if not images:
-            data = _post(http, "/v1/embeddings", {"model": model, "input": texts, "encoding_format": "base64"})["data"]
+            body = {"model": model, "input": texts, "encoding_format": "base64"}
+            data = call(http, "POST", "/v1/embeddings", body)["data"]
             vectors = np.array([np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in data])
             return vectors, np.zeros((0, vectors.shape[1]), np.float32)
         encoded = [base64.b64encode(p.read_bytes()).decode("ascii") for p in images]
-        body = _post(http, "/infer", {"model_name": model, "text": texts or None, "image": encoded})
+        body = call(http, "POST", "/infer", {"model_name": model, "text": texts or None, "image": encoded})
         text = np.array(body["text_embeddings"], dtype=np.float32)
         image = np.array(body["image_embeddings"], dtype=np.float32)
         return text.reshape(len(texts), -1) if texts else np.zeros((0, image.shape[1]), np.float32), image

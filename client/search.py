@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gateway_calls import GatewayError, call
 from gateway_key import add_api_key_argument, auth_headers
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp"}
@@ -68,21 +69,6 @@ def b64(data: bytes) -> str:
 
 def point_id(path: Path) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", path.stem)[:128] or "image"
-
-
-class GatewayError(Exception):
-    pass
-
-
-def call(http, method: str, path: str, body: dict | None = None) -> dict:
-    response = http.request(method, path, json=body)
-    if response.status_code >= 400:
-        try:
-            message = response.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = response.text[:500]
-        raise GatewayError(f"{method} {path}: HTTP {response.status_code}: {message}")
-    return response.json()
 
 
 def print_results(results: list[dict]) -> None:
@@ -162,7 +148,7 @@ def main() -> int:
     with httpx.Client(base_url=args.gateway, timeout=600, headers=auth_headers(args.api_key)) as http:
         try:
             (cmd_index if args.command == "index" else cmd_query)(http, args)
-        except (GatewayError, httpx.HTTPError, OSError) as exc:
+        except (GatewayError, OSError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
     return 0

@@ -1,5 +1,7 @@
-"""The FastAPI app: settings, the Triton engine, and every router. Each component that needs start-up
-or shutdown work (model registry, collections) is opened in `lifespan`, in order, and closed in reverse."""
+"""The FastAPI app: settings, the middleware (gateway/middleware/, in the order it runs), every router and
+the pages. Each service that needs start-up or shutdown work (the Triton engine, the model registry, the
+server watch, collections) is opened in `lifespan`, in order, and closed in reverse; routers receive them
+through gateway/dependencies.py."""
 from __future__ import annotations
 
 import inspect
@@ -9,20 +11,16 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 from fastapi import Depends, FastAPI
 
-from gateway import admission, docs_pages, errors, prometheus, replica_id, ui
-from gateway.audit import Audit, AuditLog
-from gateway.auth import Authenticate, check_exposure
-from gateway.body_budget import BodyBudget, budget_bytes
-from gateway.body_limits import CapBodies
-from gateway.openapi import honest_openapi
-from gateway.policy import RouteTable
-from gateway.quotas import QuotaBook, Quotas, charge_tokens
-from gateway.cluster import make_registry
-from gateway.server_watch import ServerWatch
+from gateway import errors, middleware
+from gateway.middleware.auth import check_exposure
+from gateway.pages import docs, ui
+from gateway.pages.openapi import honest_openapi
+from gateway.registry import make_registry
 from gateway.routers import collections, completions, embeddings, health, models, pipelines, seed
 from gateway.search.collections import Collections
 from gateway.settings import Settings
-from gateway.triton_engine import TritonEngine
+from gateway.triton.engine import TritonEngine
+from gateway.triton.server_watch import ServerWatch
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -47,42 +45,32 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
 
     app = FastAPI(title="Triton pipelines gateway", version="0.1.0", lifespan=lifespan,
-                  **docs_pages.fastapi_kwargs(), **native_telemetry(),
+                  **docs.fastapi_kwargs(), **native_telemetry(),
                   description="Embeddings (OpenAI-compatible and seed-001 endpoints), runtime model management, "
                               "completions, image search, named entities and food photo captions, served by the "
                               "Triton server beside it. A browser page over this API is at /ui.")
     app.state.settings = settings
-    docs_pages.install(app)  # /docs and /redoc with their assets from a package, not a CDN
+    app.state.coalescers = {}  # the Coalescer of each ensemble, shared by the app's requests (gateway/embedding/)
+    docs.install(app)  # /docs and /redoc with their assets from a package, not a CDN
     errors.install(app)
-    # cross-cutting bounds, one ASGI middleware each, all reading gateway/policy.py; outermost first:
-    # metrics, audit, auth, per-key quotas, body caps (add_middleware puts the last added outermost)
-    routes = RouteTable(app)
-    app.state.quotas = QuotaBook(settings)
-    app.state.body_budget = BodyBudget(budget_bytes(settings))  # request-body bytes held, all requests together
-    app.add_middleware(CapBodies, routes=routes, settings=settings, budget=app.state.body_budget)
-    app.add_middleware(Quotas, book=app.state.quotas)
-    app.add_middleware(Authenticate, routes=routes, ring=ring)
-    app.add_middleware(Audit, routes=routes, audit_log=AuditLog(settings.data_dir / "audit.log"))
-    app.state.metrics = prometheus.install(app)
-    app.state.admission = admission.Admission(drain_s=settings.drain_s)
-    admission.install(app, app.state.admission)  # outside the metrics: refusals are cheap and not measured
+    routes = middleware.install(app, settings, ring)  # every bound around the routes, in order
     app.state.extra_model_ids = []  # other model families (completions) list their ids here
     for router in (health.router, models.router, embeddings.router, seed.router):
         app.include_router(router)
-    app.include_router(completions.router, dependencies=[Depends(charge_tokens)])  # tokens per minute per key
+    # tokens per minute per key, counted before the route runs
+    app.include_router(completions.router, dependencies=[Depends(app.state.quotas.charge_tokens)])
     app.include_router(collections.router)
     app.include_router(pipelines.router)
     ui.install(app)  # /ui: static page over the public API
     app.state.extra_model_ids.append(settings.completions_model)  # served by codegen_stream
     app.openapi = honest_openapi(app, settings)
-    replica_id.install(app)  # x-replica-id on every response: outermost of all, even around the 500 handler
     return app
 
 
 def native_telemetry() -> dict:
     """FastAPI's OpenTelemetry hooks (FastAPI >= 0.165) off unless FASTAPI_OTEL_AUTO_CONFIGURE=true: with them
     on, every request asks three global OTel providers whether they are configured (py-spy: ~2% of the
-    gateway's CPU at c32), and the gateway's metrics are its own Prometheus ones (gateway/prometheus.py)."""
+    gateway's CPU at c32), and the gateway's metrics are its own Prometheus ones (gateway/middleware/metrics.py)."""
     if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
         return {}
     if os.environ.get("FASTAPI_OTEL_AUTO_CONFIGURE", "").lower() == "true":

@@ -75,10 +75,6 @@ class RequestTimeout(ApiError):
     status, type = 408, "timeout_error"
 
 
-class Unprocessable(ApiError):
-    status, type = 422, "invalid_request_error"
-
-
 class Unavailable(ApiError):
     """Over capacity or not ready: the client should retry after `retry_after` seconds."""
     status, type = 503, "service_unavailable_error"
@@ -99,57 +95,53 @@ class Internal(ApiError):
     status, type = 500, "internal_error"
 
 
-# ---- runtime loads from the Hugging Face hub (gateway/hub.py, docs/hub-downloads.md): one type per cause
+# ---- runtime loads from the Hugging Face hub (gateway/hub/, docs/hub-downloads.md): one type per cause
 class HubError(ApiError):
-    """Base of the hub-download errors: each cause has its own class, status and `code`."""
+    """Base of the hub-download errors: each cause is a subclass that names its status, type and `code`."""
     default_code = "hub_error"
+
+    def __init_subclass__(cls, status: int, type: str, code: str, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.status, cls.type, cls.default_code = status, type, code
 
     def __init__(self, message: str, param: str | None = "model_name", code: str | None = None):
         super().__init__(message, param=param, code=code or self.default_code)
 
 
-class HubDownloadsOff(HubError):
+class HubDownloadsOff(HubError, status=403, type="permission_error", code="hub_downloads_off"):
     """HUB_DOWNLOADS=off (or HF_HUB_OFFLINE=1 in the gateway's environment)."""
-    status, type, default_code = 403, "permission_error", "hub_downloads_off"
 
 
-class HubNotAllowed(HubError):
+class HubNotAllowed(HubError, status=403, type="permission_error", code="hub_model_not_allowed"):
     """The repository is not on the HUB_DOWNLOADS allowlist."""
-    status, type, default_code = 403, "permission_error", "hub_model_not_allowed"
 
 
-class HubGated(HubError):
+class HubGated(HubError, status=403, type="permission_error", code="hub_model_gated"):
     """Gated (or private) on the hub and HF_TOKEN is unset or has no access."""
-    status, type, default_code = 403, "permission_error", "hub_model_gated"
 
 
-class HubModelNotFound(HubError):
-    status, type, default_code = 404, "not_found_error", "model_not_found"
+class HubModelNotFound(HubError, status=404, type="not_found_error", code="model_not_found"):
+    """The repository (or its commit) is not on the hub, or HF_TOKEN has no access to it."""
 
 
-class HubTooLarge(HubError):
+class HubTooLarge(HubError, status=413, type="payload_too_large_error", code="hub_model_too_large"):
     """The files the loader needs add up to more than HUB_MAX_DOWNLOAD_BYTES."""
-    status, type, default_code = 413, "payload_too_large_error", "hub_model_too_large"
 
 
-class HubPickleRefused(HubError):
+class HubPickleRefused(HubError, status=422, type="invalid_request_error", code="hub_pickle_refused"):
     """Only pickled weights (.bin/.pt/.pth/.ckpt) and HUB_ALLOW_PICKLE is not 1."""
-    status, type, default_code = 422, "invalid_request_error", "hub_pickle_refused"
 
 
-class NotEmbeddingModel(HubError):
+class NotEmbeddingModel(HubError, status=422, type="invalid_request_error", code="unsupported_model"):
     """The repository is not a sentence-transformers model / a transformers CLIP model the gateway can serve."""
-    status, type, default_code = 422, "invalid_request_error", "unsupported_model"
 
 
-class HubUnreachable(HubError):
+class HubUnreachable(HubError, status=502, type="hub_unreachable_error", code="hub_unreachable"):
     """The hub (HF_ENDPOINT) did not answer, or answered with a server error."""
-    status, type, default_code = 502, "hub_unreachable_error", "hub_unreachable"
 
 
-class HubDownloadTimeout(HubError):
+class HubDownloadTimeout(HubError, status=504, type="timeout_error", code="hub_download_timeout"):
     """The download took longer than HUB_DOWNLOAD_TIMEOUT_S (stopped; a later load resumes it)."""
-    status, type, default_code = 504, "timeout_error", "hub_download_timeout"
 
 
 def internal(exc: BaseException, where: str = "") -> Internal:

@@ -63,9 +63,9 @@ class Settings:
     model_wait_s: float = 120.0  # how long a request waits for a model that is being loaded
     request_timeout_s: float = 300.0
     # embeddings: Triton calls in flight per ensemble; requests that arrive while all are busy go together in
-    # the next one, up to the model's max batch (gateway/coalesce.py). 0: every request its own call
+    # the next one, up to the model's max batch (gateway/triton/coalesce.py). 0: every request its own call
     coalesce_calls: int = 4
-    drain_s: float = 25.0  # on SIGTERM: how long requests in flight may finish (gateway/admission.py)
+    drain_s: float = 25.0  # on SIGTERM: how long requests in flight may finish (gateway/middleware/admission.py)
     supervisor_state_file: Path | None = None  # written by the supervisor beside Triton
     qdrant_url: str | None = None
     # image search collections: points per request, search `limit` maximum, Faiss exact search up to
@@ -88,7 +88,7 @@ class Settings:
     onnx_export_timeout_s: float = 900.0
     onnx_export_tolerance: float = 1e-4
     onnx_cache_dir: Path | None = None
-    # hub downloads of runtime loads (gateway/hub.py, docs/hub-downloads.md): HUB_DOWNLOADS off | on |
+    # hub downloads of runtime loads (gateway/hub/, docs/hub-downloads.md): HUB_DOWNLOADS off | on |
     # allowlist; unset: hub.default_downloads (on with API keys or on loopback, else off)
     hub_downloads: str = "off"
     hub_allowlist: tuple[str, ...] = ()
@@ -115,7 +115,9 @@ class Settings:
     cluster_heartbeat_ttl_s: float = 10.0
     # connection and body bounds (uvicorn/httptools; docs/security.md)
     max_body_bytes: int = 128 * 1024 * 1024  # ceiling over every route's own cap
-    body_buffer_bytes: int = 44 * 1024 * 1024  # (gateway/body_budget.py's DEFAULT_BUDGET) request-body bytes held at once, all requests together (503 over it)
+    # request-body bytes held at once, all requests together (503 over it); gateway/middleware/body_budget.py's
+    # DEFAULT_BUDGET
+    body_buffer_bytes: int = 44 * 1024 * 1024
     body_timeout_s: float = 60.0  # the whole request body must arrive within this
     header_timeout_s: float = 10.0  # a request's headers must arrive within this
     max_header_bytes: int = 16 * 1024  # request line and headers together
@@ -134,7 +136,7 @@ class Settings:
         return self.onnx_cache_dir or self.data_dir / "onnx_cache"
 
     def hub_options(self) -> hub.HubOptions:
-        """What gateway/hub.py needs of these settings, for one load."""
+        """What gateway/hub/ needs of these settings, for one load."""
         return hub.HubOptions(downloads=self.hub_downloads, allowlist=self.hub_allowlist,
                               max_bytes=self.hub_max_download_bytes, allow_pickle=self.hub_allow_pickle,
                               timeout_s=self.hub_download_timeout_s,
@@ -148,7 +150,8 @@ class Settings:
         get = env.get
         state = get("SUPERVISOR_STATE_FILE")
         host = get("HOST", d.host)
-        # with GATEWAY_API_KEYS_FILE set, loading needs an admin key (gateway.auth.admin_key_required, the same test)
+        # with GATEWAY_API_KEYS_FILE set, loading needs an admin key (the same test as
+        # gateway.middleware.auth.admin_key_required)
         hub_default = hub.default_downloads(host, keys_configured=bool(get("GATEWAY_API_KEYS_FILE", "").strip()))
         hub_downloads, hub_allowlist = hub.parse_downloads(get("HUB_DOWNLOADS"), hub_default)
         return cls(

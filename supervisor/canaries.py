@@ -22,7 +22,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from supervisor.workload import request_inputs, stream_call
+from supervisor.codegen_probe import request_inputs, stream_call, tensor
 
 # refusals raised by the fronts' (and the generator's) Python code: the front answered, so it is not hung
 ANSWERED = ("requests in flight, the limit",  # the front over capacity (stage_common.bounded_workers)
@@ -114,12 +114,7 @@ class StreamCanary(_Canary):
 def _collect_inputs(ids: list[int], length: int) -> list[grpcclient.InferInput]:
     arrays = {"input_ids": np.array([ids], np.int32), "input_lengths": np.array([[length]], np.int32),
               "generation_params": np.array([[json.dumps({"max_tokens": 2}).encode()]], np.object_)}
-    inputs = []
-    for name, array in arrays.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), "BYTES" if array.dtype == np.object_ else "INT32")
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    return inputs
+    return [tensor(name, array) for name, array in arrays.items()]
 
 
 class UnaryCanary(_Canary):

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from tools.triton_launcher import free_port
+from launcher.processes import free_port
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "[::1]"}
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 # No test, fixture or process they start may reach the real Hugging Face hub (no internet here, and no
 # traffic to outside addresses is allowed): HF_ENDPOINT points at 127.0.0.1 for this session and every
-# process it starts (they inherit os.environ: tools/gateway_process.py, tools/triton_launcher.py), before
+# process it starts (they inherit os.environ: launcher/gateway_process.py, launcher/stack.py), before
 # anything imports huggingface_hub (it reads HF_ENDPOINT once, at import). A test that needs a hub starts
 # tests/fake_hub.py and passes its address; otherwise this closed port refuses every connection.
 # test_hub.py asserts that this holds.

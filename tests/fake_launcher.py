@@ -1,4 +1,4 @@
-"""Stands in for tools/triton_launcher.py in tests/test_cluster_unit.py: serves GATEWAY_PORT's /health with
+"""Stands in for `python -m launcher` in tests/test_cluster_unit.py: serves GATEWAY_PORT's /health with
 200 and `x-replica-id: $REPLICA_ID`, and starts a child in a session of its own (as the launcher starts
 tritonserver and the gateway), which a SIGKILL of this process leaves running. SIGTERM: the child is
 stopped and the process exits 0, as the real launcher does."""

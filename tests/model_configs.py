@@ -9,7 +9,7 @@ from pathlib import Path
 
 from google.protobuf import json_format, text_format
 
-from tools.model_repo import MODEL_REPOSITORY, ROOT, all_models, parse_config  # noqa: F401 - re-exported
+from bench.model_repo import MODEL_REPOSITORY, ROOT, all_models, parse_config  # noqa: F401 - re-exported
 
 
 def _initialize(config, repository: Path, model: str, instance_kind: str = "CPU", params: dict | None = None):

@@ -5,8 +5,8 @@ import socket
 from pathlib import Path
 
 from gateway.keys import key_line
-from tools.gateway_process import GatewayProcess
-from tools.triton_launcher import free_port
+from launcher.gateway_process import GatewayProcess
+from launcher.processes import free_port
 
 KEYS = {"inference": "gk-test-inference-0123456789", "admin": "gk-test-admin-0123456789",
         "limited": "gk-test-limited-0123456789", "other": "gk-test-other-0123456789",

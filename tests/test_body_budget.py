@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from gateway.body_budget import DEFAULT_BUDGET, BodyBudget, budget_bytes
-from gateway.body_limits import CapBodies
-from gateway.policy import RouteTable
+from gateway.middleware.body_budget import DEFAULT_BUDGET, BodyBudget, budget_bytes
+from gateway.middleware.body_limits import CapBodies
+from gateway.middleware.policy import RouteTable
 from gateway.settings import Settings
 
 KIB = 1024

@@ -237,7 +237,7 @@ def test_export_differs_from_torch_by_little(repository):
 
 
 def test_export_over_the_tolerance_is_refused_and_deleted(tmp_path):
-    from build.onnx_export import export_clip
+    from gateway.modelgen.onnx_export import export_clip
 
     with pytest.raises(SystemExit, match="differs from torch"):
         export_clip(ROOT / CLIP_DEMO, tmp_path, tolerance=-1.0)  # no difference is <= -1

@@ -12,16 +12,16 @@ import pytest
 
 from gateway import errors
 from gateway.app import create_app
-from gateway.cluster.cluster_registry import ClusterRegistry
+from gateway.registry.cluster_registry import ClusterRegistry
 from gateway.keys import ApiKey
-from gateway.quotas import QuotaBook
+from gateway.middleware.quotas import QuotaBook
 from gateway.registry import ModelRegistry
 from gateway.settings import Settings
+from launcher.cluster.redis_server import RedisServer
+from launcher.processes import free_port
 from security_helpers import KEYS, write_keys
 from test_gateway_registry import FakeEngine
 from test_registry_replace_unit import generated  # noqa: F401 - the stubbed generation fixture
-from tools.redis_server import RedisServer
-from tools.triton_launcher import free_port
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""`make cluster`'s code (tools/cluster.py) with real replicas: 2 launchers (Triton with text_embedding
+"""`make cluster`'s code (launcher/cluster/) with real replicas: 2 launchers (Triton with text_embedding
 only, to keep the start cheap; supervisor; gateway), Redis and HAProxy on free ports in a tmp data dir,
 one cluster for the module, always stopped.
 
@@ -10,7 +10,7 @@ one cluster for the module, always stopped.
 - kill -9 of one replica's gateway AND its tritonserver under 8 clients: requests go on on the other,
   only requests in flight at the kill may fail (counted, at most one per client), and the replica comes
   back by itself (its launcher restarts both) and serves through the load balancer again;
-- `tools/cluster.py rolling` (what `make cluster-rolling` runs) under 8 clients: 0 failed requests;
+- `python -m launcher.cluster rolling` (what `make cluster-rolling` runs) under 8 clients: 0 failed requests;
 - the stop leaves no process of the cluster, no /dev/shm region its servers mapped, no state file or
   socket. The figures are printed (`pytest -s`)."""
 from __future__ import annotations
@@ -28,8 +28,11 @@ import httpx
 import numpy as np
 import pytest
 
-from tools.cluster import Cluster, alive, free_cluster_port, read_state, replica_processes
-from tools.triton_launcher import ROOT, process_tree, shm_regions_mapped
+from launcher.cluster.replicas import replica_processes
+from launcher.cluster.stand import Cluster, free_cluster_port
+from launcher.cluster.state import read_state
+from launcher.paths import ROOT
+from launcher.processes import alive, process_tree, shm_regions_mapped
 
 pytestmark = pytest.mark.integration
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
@@ -195,9 +198,9 @@ def test_rolling_restart_under_load_fails_no_request(cluster):
     before = [r.process.pid for r in cluster.replicas]
     with Load(cluster.url) as load:
         time.sleep(3)
-        rolling = subprocess.run([sys.executable, str(ROOT / "tools" / "cluster.py"), "rolling", "--port",
+        rolling = subprocess.run([sys.executable, "-m", "launcher.cluster", "rolling", "--port",
                                   str(cluster.port), "--data-dir", str(cluster.dir.parent)],
-                                 capture_output=True, text=True, timeout=900)
+                                 cwd=ROOT, capture_output=True, text=True, timeout=900)
         time.sleep(3)
     print(rolling.stdout)
     failed = load.failed()

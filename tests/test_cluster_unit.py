@@ -1,4 +1,4 @@
-"""tools/cluster.py with the real redis-server and HAProxy, and tests/fake_launcher.py in place of the
+"""launcher/cluster/ with the real redis-server and HAProxy, and tests/fake_launcher.py in place of the
 replica launchers (a second each instead of a Triton start): the generated HAProxy config passes
 `haproxy -c`; the load balancer spreads requests over both replicas; a launcher that exits cleanly is
 started again at once, one killed with SIGKILL after its orphans are killed and a backoff; the rolling
@@ -18,7 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tools.cluster import BACKEND, Cluster, alive, free_cluster_port, haproxy_config, read_state, rolling_restart
+from launcher.cluster.haproxy import BACKEND, haproxy_config
+from launcher.cluster.rolling import rolling_restart
+from launcher.cluster.stand import Cluster, free_cluster_port
+from launcher.cluster.state import read_state
+from launcher.processes import alive
 
 pytestmark = pytest.mark.skipif(not (shutil.which("haproxy") and shutil.which("redis-server")),
                                 reason="deploy/install_tools.sh installs haproxy and redis-server")
@@ -94,7 +98,7 @@ def test_launchers_that_exit_are_started_again(cluster):
 
 
 def test_haproxy_and_redis_are_started_again(cluster):
-    from tools.redis_server import ping
+    from launcher.cluster.redis_server import ping
 
     haproxy_pid, redis_pid = cluster.haproxy.pid, cluster.redis.process.pid
     os.kill(haproxy_pid, signal.SIGKILL)

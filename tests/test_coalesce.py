@@ -1,4 +1,4 @@
-"""gateway/coalesce.py: concurrent requests share calls only while every slot is busy, each gets its own
+"""gateway/triton/coalesce.py: concurrent requests share calls only while every slot is busy, each gets its own
 rows, a bad row fails its own request alone, other failures reach every request, cancels are safe."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from gateway.coalesce import Coalescer
+from gateway.triton.coalesce import Coalescer
 from gateway.errors import BadRequest, Unavailable
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import fake_pb_utils as pb
-from gptj_generator.generation_params import GenerationParams
+from codegen_common.generation_params import GenerationParams
 from model_configs import load_python_model
 from stage_common.bls_deadline import CallLost, CallTimedOut, call_with_deadline
 from stage_common.errors import Overloaded
@@ -177,6 +177,16 @@ def test_a_slow_collect_row_the_generator_holds_is_answered(collect, monkeypatch
     ((response, _),) = request.sender.sent
     assert not response.has_error() and response.output("output_ids").tolist() == [[5, 6]]
     assert response.output("finish_reason").reshape(-1)[0] == b"length"
+
+
+def test_a_row_the_generator_refuses_fails_with_the_generators_own_error(collect, monkeypatch):
+    refusal = pb.TritonError("the prompt has 3 tokens, but with max_tokens=2 ...", pb.TritonError.INVALID_ARG)
+    monkeypatch.setattr(pb, "bls_handler", lambda request, decoupled: iter([pb.InferenceResponse(error=refusal)]))
+    request = _collect_request(rows=2)
+    collect.execute([request])
+    assert request.sender.answered.wait(WAIT)
+    ((response, _),) = request.sender.sent
+    assert (response.error().message(), response.error().code()) == (refusal.message(), pb.TritonError.INVALID_ARG)
 
 
 def test_a_collect_row_past_its_deadline_fails_with_unavailable(collect, monkeypatch):

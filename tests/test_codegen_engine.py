@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 
 import fake_pb_utils
 from build import codegen as codegen_build
-from codegen_postprocess.detokenizer import Detokenizer, cut_at_stop_words
+from codegen_common.detokenizer import Detokenizer, cut_at_stop_words
 from codegen_preprocess.prompt_encoder import PromptEncoder, PromptRequest
 from gptj_generator.engine import GenerationEngine, GenerationRequest
 from gptj_generator.loading import load_engine

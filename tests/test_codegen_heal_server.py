@@ -18,11 +18,12 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from launcher.processes import free_port
+from launcher.triton_server import TritonServer
 from supervisor.canaries import StreamCanary, UnaryCanary
+from supervisor.codegen_probe import request_inputs, stream_call
 from supervisor.monitor import Supervisor
 from supervisor.stubs import of_model, scan_stub_pids, start_time
-from supervisor.workload import request_inputs, stream_call
-from tools.triton_launcher import TritonServer, free_port
 
 pytestmark = pytest.mark.integration
 TIMEOUT = 120

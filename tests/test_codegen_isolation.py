@@ -14,7 +14,7 @@ import torch
 import fake_pb_utils
 from gptj_generator import engine as engine_module
 from gptj_generator.engine import DecodeLoopDied, GenerationEngine, GenerationRequest
-from gptj_generator.generation_params import GenerationParams, parse_sampling_parameters
+from codegen_common.generation_params import GenerationParams, parse_sampling_parameters
 from gptj_generator.loading import load_engine
 from gptj_generator.sampling import SamplingParams
 from model_configs import load_python_model

@@ -12,10 +12,10 @@ from fastapi.testclient import TestClient
 from gateway import errors
 from gateway.app import create_app
 from gateway.completions import sequences as runner
-from gateway.completions.request import CompletionRequest
+from gateway.schemas.completions import CompletionRequest
 from gateway.completions.tensors import sequences
 from gateway.settings import Settings
-from gateway.triton_engine import StreamResponse, stream_error
+from gateway.triton.engine import StreamResponse, stream_error
 
 
 def _value(inputs, name):

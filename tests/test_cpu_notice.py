@@ -6,7 +6,7 @@ import ctypes
 
 import pytest
 
-from tools import cpu_notice as cn
+from launcher import cpu_notice as cn
 
 
 class FakeCuda:
@@ -63,7 +63,7 @@ def test_a_usable_gpu_prints_nothing():
 
 
 def test_operations_page_explains_every_expected_message():
-    from tools.triton_launcher import ROOT
+    from launcher.paths import ROOT
 
     page = (ROOT / "docs" / "operations.md").read_text()
     assert "## Start-up messages" in page

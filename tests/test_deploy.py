@@ -186,7 +186,7 @@ def test_prometheus_config_passes_promtool(tmp_path):
 def test_dockerfile_static_checks(dockerfile):
     assert dc.dockerfile_problems(dockerfile) == []
     steps = dc.parse_dockerfile(dockerfile)
-    assert steps[-1].keyword == "CMD" and "tools/triton_launcher.py" in steps[-1].args
+    assert steps[-1].keyword == "CMD" and '"-m", "launcher"' in steps[-1].args
     assert any(s.keyword == "ARG" and s.args.startswith("BAKE_MODELS") for s in steps)
 
 

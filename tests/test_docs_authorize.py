@@ -1,6 +1,6 @@
 """Issue 32: with a Bearer security scheme on the gateway's routes, /docs stays open and Swagger UI's
 "Authorize" sends the key as `Authorization: Bearer <key>` with "Try it out", and keeps it across a reload
-(persistAuthorization). Run on a small app built with the gateway's own docs set-up (gateway/docs_pages.py),
+(persistAuthorization). Run on a small app built with the gateway's own docs set-up (gateway/pages/docs.py),
 served by uvicorn on 127.0.0.1, in headless chromium limited to 127.0.0.1."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from fastapi import Depends, FastAPI
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from browser import RequestLog, local_browser
-from gateway import docs_pages
-from tools.triton_launcher import free_port
+from gateway.pages import docs as docs_pages
+from launcher.processes import free_port
 
 pytestmark = pytest.mark.integration
 KEY = "sk-test-7f3a"

@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from tools.model_repo import ROOT, parse_config
+from bench.model_repo import ROOT, parse_config
 
 DOCS = ROOT / "docs"
 METHODS = ("get", "post", "put", "patch", "delete")

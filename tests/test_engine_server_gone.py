@@ -9,7 +9,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from gateway import errors
-from gateway.triton_engine import TritonEngine
+from gateway.triton.engine import TritonEngine
 
 
 class FakeClient:

@@ -9,9 +9,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from supervisor.exposure import restricted_api_args
+from launcher.exposure import restricted_api_args
+from launcher.processes import free_port
+from launcher.triton_server import TritonServer
 from supervisor.monitor import admin_headers
-from tools.triton_launcher import TritonServer, free_port
 
 pytestmark = pytest.mark.integration
 KEY = "test-admin-key-123"

@@ -10,13 +10,14 @@ import time
 
 import pytest
 
-from supervisor.workload import Load
+from bench.workload import Load
+from launcher.processes import free_port
+from launcher.server_keeper import SupervisedServer
+from launcher.triton_server import TritonServer
 from supervisor.faults import kill_stub
-from supervisor.stubs import of_model, scan_stub_pids
 from supervisor.monitor import Supervisor
 from supervisor.state import unhealthy_models
-from tools.server_keeper import SupervisedServer
-from tools.triton_launcher import TritonServer, free_port
+from supervisor.stubs import of_model, scan_stub_pids
 
 pytestmark = pytest.mark.integration
 
@@ -126,7 +127,7 @@ def test_the_same_stub_killed_twice_is_healed_twice(supervised):
     """Triton skips a load whose configuration did not change: the second heal must still reload."""
     import tritonclient.grpc as grpcclient
 
-    from supervisor.workload import pipelines
+    from bench.workload import pipelines
 
     server, supervisor, _ = supervised
     client = grpcclient.InferenceServerClient(server.grpc_url)
@@ -164,7 +165,8 @@ def test_a_killed_generator_stub_ends_in_serving(supervised):
     that failed were in flight at the kill or sent before the heal or restart."""
     import tritonclient.grpc as grpcclient
 
-    from supervisor.workload import pipelines, stream_call
+    from bench.workload import pipelines
+    from supervisor.codegen_probe import stream_call
 
     server, kept, state_file = supervised
     load = Load(server.grpc_url, ["codegen", "codegen_stream"], concurrency=8, timeout_s=30).start()
@@ -210,8 +212,8 @@ def test_a_killed_server_is_restarted_and_its_stubs_reaped(supervised):
 
     import tritonclient.grpc as grpcclient
 
-    from supervisor.workload import pipelines
-    from tools.triton_launcher import process_group, shm_regions_mapped
+    from bench.workload import pipelines
+    from launcher.processes import process_group, shm_regions_mapped
 
     server, kept, state_file = supervised
     load = Load(server.grpc_url, ["text_embedding"], concurrency=8, timeout_s=30).start()

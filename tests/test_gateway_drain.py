@@ -11,8 +11,8 @@ import time
 import httpx
 import pytest
 
-from tools.gateway_process import GatewayProcess
-from tools.triton_launcher import free_port
+from launcher.gateway_process import GatewayProcess
+from launcher.processes import free_port
 
 pytestmark = pytest.mark.integration
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"

@@ -101,7 +101,7 @@ def test_openai_sdk_unchanged(served):
 
 
 def test_concurrent_requests_share_triton_calls_and_each_gets_its_own_vector(served):
-    """gateway/coalesce.py against the real ensemble: 48 requests at once, one sentence each, while at most
+    """gateway/triton/coalesce.py against the real ensemble: 48 requests at once, one sentence each, while at most
     COALESCE_CALLS (4) calls are in flight: fewer Triton requests than HTTP requests, every row answered
     once, and each request's vector is its own sentence's."""
     from triton_fixtures import concurrently

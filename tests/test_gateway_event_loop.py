@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from gateway import images
+from gateway.embedding import images
 from gateway.routers import embeddings
 from gateway.search.collections import CollectionInfo
 from gateway.settings import Settings

@@ -11,7 +11,7 @@ from tritonclient.grpc import InferInput, service_pb2
 from tritonclient.utils import serialize_byte_tensor
 
 from gateway.routers.embeddings import EmbeddingsResponse, encode
-from gateway.triton_engine import infer_input, infer_request, response_arrays, string_rows
+from gateway.triton.engine import infer_input, infer_request, response_arrays, string_rows
 
 
 def test_infer_request_matches_tritonclient_inputs():

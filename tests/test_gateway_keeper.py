@@ -1,4 +1,4 @@
-"""The launcher's gateway keeper (tools/gateway_process.py GatewayKeeper): a gateway killed with SIGKILL
+"""The launcher's gateway keeper (launcher/gateway_process.py GatewayKeeper): a gateway killed with SIGKILL
 while the launcher runs is started again on the same port after the backoff; a stop request is never
 followed by a restart; a gateway that keeps dying while starting ends in a crash loop that gives up.
 
@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from tools.gateway_process import GatewayKeeper, GatewayProcess
-from tools.server_keeper import RestartPolicy
-from tools.triton_launcher import free_port
+from launcher.gateway_process import GatewayKeeper, GatewayProcess
+from launcher.keeper import RestartPolicy
+from launcher.processes import free_port
 
 
 def stand_in(tmp_path, command: list[str] | None = None) -> GatewayProcess:

@@ -19,9 +19,9 @@ import pytest
 
 from gateway.modelgen import triton_name
 from gateway_helpers import ST_CLS_DEMO
+from launcher.gateway_process import GatewayProcess
+from launcher.processes import free_port, process_tree
 from model_configs import ROOT
-from tools.gateway_process import GatewayProcess
-from tools.triton_launcher import free_port, process_tree
 from triton_fixtures import LiveGateway
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""Hub downloads of runtime loads (gateway/hub.py) against tests/fake_hub.py, never the real hub: the
+"""Hub downloads of runtime loads (gateway/hub/) against tests/fake_hub.py, never the real hub: the
 session's HF_ENDPOINT is local for every process; the HUB_DOWNLOADS default rule; a download by id gives
 the files of the local folder in its layout (safetensors, never pickles beside them), once however many
 threads ask; every refusal (downloads off, allowlist, size cap, pickled weights, unreachable hub, missing
@@ -13,6 +13,7 @@ import pytest
 
 from fake_hub import FakeHub, folder_files
 from gateway import errors, hub
+from gateway.hub import download
 from gateway.modelgen import resolve_source
 from gateway.settings import Settings
 from gateway_helpers import CLIP_DEMO, ST_CLS_DEMO
@@ -38,14 +39,14 @@ def options(fake: FakeHub, tmp_path: Path, **kw) -> hub.HubOptions:
 def test_every_process_of_the_session_gets_a_local_hub_endpoint():
     from huggingface_hub import constants
 
-    from tools.gateway_process import GatewayProcess
-    from tools.triton_launcher import server_env
+    from launcher.gateway_process import GatewayProcess
+    from launcher.triton_server import server_env
 
     endpoint = os.environ["HF_ENDPOINT"]
     assert endpoint.startswith("http://127.0.0.1:"), endpoint
     assert constants.ENDPOINT == endpoint, "huggingface_hub read HF_ENDPOINT before conftest set it"
     gateway = GatewayProcess("127.0.0.1:1", port=1)
-    assert gateway.env["HF_ENDPOINT"] == endpoint, "tools/gateway_process.py passes HF_ENDPOINT on"
+    assert gateway.env["HF_ENDPOINT"] == endpoint, "launcher/gateway_process.py passes HF_ENDPOINT on"
     assert "HF_HUB_OFFLINE" not in gateway.env, "the gateway is no longer forced offline: HUB_DOWNLOADS decides"
     assert server_env()["HF_ENDPOINT"] == endpoint
     assert Settings.from_env().hf_endpoint == endpoint
@@ -253,13 +254,13 @@ def test_stopping_the_gateway_kills_a_download_in_progress(fake_hub, tmp_path):
     thread = threading.Thread(target=lambda: outcome.append(_attempt(options(fake_hub, tmp_path))))
     thread.start()
     deadline = time.monotonic() + 60
-    while not hub._running and time.monotonic() < deadline:
+    while not download._running and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert hub._running, "the download child did not start"
+    assert download._running, "the download child did not start"
     hub.stop_downloads()  # what ModelRegistry.close does
     thread.join(30)
     assert not thread.is_alive(), "the load thread ended with its child"
-    assert isinstance(outcome[0], errors.ApiError) and not hub._running
+    assert isinstance(outcome[0], errors.ApiError) and not download._running
     assert hub.completed(ST_ID, options(fake_hub, tmp_path)) is None
 
 

@@ -73,7 +73,8 @@ def built(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(built, tmp_path_factory):
-    from tools.triton_launcher import TritonServer, free_port
+    from launcher.processes import free_port
+    from launcher.triton_server import TritonServer
 
     repository = built[0]
     models = sorted(p.parent.name for p in repository.glob("*/config.pbtxt"))

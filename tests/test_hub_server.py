@@ -28,8 +28,8 @@ TEXTS = ["A man is eating food.", "  The girl is carrying a baby.  ", "Ünïcöd
 @pytest.fixture(scope="module")
 def hub_gateway(triton, data_dir, tmp_path_factory):
     from gateway.settings import default_model_roots
-    from tools.gateway_process import GatewayProcess
-    from tools.triton_launcher import free_port
+    from launcher.gateway_process import GatewayProcess
+    from launcher.processes import free_port
 
     own = tmp_path_factory.mktemp("hub_gateway")
     (data_dir / "triton_models").mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import fake_pb_utils as pb
-from gateway import images
+from gateway.embedding import images
 from gateway.errors import BadRequest
 from gateway.modelgen import ExportOptions, ImageLimits, generate
 from gateway.settings import Settings

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.triton_launcher import ROOT, free_port, process_tree, shm_regions_mapped
+from launcher.paths import ROOT
+from launcher.processes import free_port, process_tree, shm_regions_mapped
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +30,7 @@ def test_launcher_serves_then_stops_cleanly(sig, tmp_path):
     env = dict(os.environ, LOAD_MODELS="text_embedding", DATA_DIR=str(tmp_path / "data"),
                **{k: str(v) for k, v in ports.items()})
     log = (tmp_path / "launcher.log").open("w+")
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tools" / "triton_launcher.py")],
+    proc = subprocess.Popen([sys.executable, "-m", "launcher"], cwd=ROOT,
                             env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 180
@@ -41,7 +42,7 @@ def test_launcher_serves_then_stops_cleanly(sig, tmp_path):
         assert f"127.0.0.1:{ports['GRPC_PORT']}" in output and f"127.0.0.1:{ports['HTTP_PORT']}" in output
         assert f"127.0.0.1:{ports['GATEWAY_PORT']}" in output
         # issue 32: on a machine without a usable GPU, one line says so and that Triton's CUDA lines are expected
-        from tools.cpu_notice import cpu_notice, cuda_devices
+        from launcher.cpu_notice import cpu_notice, cuda_devices
 
         notice = cpu_notice(*cuda_devices())
         if notice is None:

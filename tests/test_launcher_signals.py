@@ -11,8 +11,9 @@ import threading
 
 import pytest
 
-from tools import triton_launcher
-from tools.triton_launcher import TritonServer, free_port
+from launcher.processes import free_port
+from launcher.triton_server import TritonServer
+from launcher import stack as triton_launcher
 
 
 @pytest.fixture
@@ -65,7 +66,7 @@ def test_a_second_ctrl_c_after_the_server_is_gone_still_lets_the_clean_up_run(la
         real_stop(self)
 
     monkeypatch.setattr(Supervisor, "stop", stop_after_a_second_ctrl_c)
-    from tools.server_keeper import ServerKeeper
+    from launcher.server_keeper import ServerKeeper
 
     real_watch = ServerKeeper.watch  # the launcher waits on the server through its keeper (issue 26)
     monkeypatch.setattr(ServerKeeper, "watch", lambda self, *a, **k: (pids.append(self.server.process.pid),

@@ -1,4 +1,4 @@
-"""`x-replica-id` (gateway/replica_id.py) on every response of the real app: a success, a 404, an admission
+"""`x-replica-id` (gateway/middleware/replica_id.py) on every response of the real app: a success, a 404, an admission
 503 (draining, Triton down), a 401 from the keys, and an unexpected 500 from Starlette's error handler.
 The id comes from REPLICA_ID, else the host name, and never carries characters that could split a header."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from gateway.app import create_app
-from gateway.replica_id import replica_id
+from gateway.middleware.replica_id import replica_id
 from gateway.settings import Settings
 from inprocess_gateway import FakeEngine
 from security_helpers import write_keys
@@ -81,7 +81,7 @@ def test_a_401_from_the_keys_carries_the_id(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("scope_type", ["lifespan", "websocket"])
 def test_other_scopes_pass_through_untouched(scope_type):
-    from gateway.replica_id import ReplicaId
+    from gateway.middleware.replica_id import ReplicaId
 
     seen = []
 

@@ -144,8 +144,8 @@ def test_collections_persist_across_a_gateway_stop_and_start(clip, tmp_path):
     start again, same answers."""
     import httpx
 
-    from tools.gateway_process import GatewayProcess
-    from tools.triton_launcher import free_port
+    from launcher.gateway_process import GatewayProcess
+    from launcher.processes import free_port
 
     env = {"COLLECTIONS_DIR": str(tmp_path / "collections"), "MODEL_ROOTS": clip.process.env["MODEL_ROOTS"]}
     data_dir = clip.process.data_dir

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from gateway import strict_json
-from gateway.audit import target_of
+from gateway.middleware import strict_json
+from gateway.middleware.audit import target_of
 from gateway.keys import key_line
 from inprocess_gateway import inprocess_gateway
 

@@ -75,7 +75,7 @@ def test_docs_table_is_the_test_table():
 
 
 def test_table_covers_every_route():
-    from gateway.policy import ROUTES
+    from gateway.middleware.policy import ROUTES
 
     documented = {route for route, *_ in ACCESS_TABLE}
     assert documented == {f"{m} {p}" for m, p in ROUTES if p not in ("/docs/oauth2-redirect", "/redoc")

@@ -11,17 +11,16 @@ from limits import RateLimitItemPerSecond
 from limits.aio.storage import MemoryStorage
 from limits.aio.strategies import MovingWindowRateLimiter
 
-from gateway.auth import admin_key_required, check_exposure, presented_key
+from gateway.middleware.auth import admin_key_required, check_exposure, presented_key
 from gateway.keys import KeyRing, hash_key, key_line, parse_keys
-from gateway.openapi import complete
-from gateway.policy import ROUTES, cap, texts_cap
-from gateway.auth import KEY_SCOPE
+from gateway.pages.openapi import complete
+from gateway.middleware.policy import ROUTES, cap, texts_cap
+from gateway.middleware.auth import KEY_SCOPE
 from gateway.keys import ApiKey
-from gateway.quotas import SWEEP_S, QuotaBook, Quotas, SweptMemoryStorage, completion_budget, rate_storage, reset_text
+from gateway.middleware.quotas import SWEEP_S, QuotaBook, Quotas, SweptMemoryStorage, completion_budget, rate_storage, reset_text
 from gateway.settings import Settings
-from supervisor.exposure import triton_host
-from tools.gateway_process import gateway_keys
-from tools.triton_launcher import TritonServer
+from launcher.exposure import gateway_keys, triton_host
+from launcher.triton_server import TritonServer
 
 
 def test_keys_file_lines_comments_scopes_and_limits():
@@ -204,7 +203,7 @@ def test_openapi_document_declares_security_and_errors():
             assert "422" not in responses, (method, path)  # validation errors are 400 here
             assert "200" in responses and responses["200"]["content"]["application/json"]["schema"]
             if policy.scope is not None:
-                # 503: Triton down or draining (gateway/admission.py), or BODY_BUFFER_BYTES full
+                # 503: Triton down or draining (gateway/middleware/admission.py), or BODY_BUFFER_BYTES full
                 assert operation["security"] and {"401", "403", "429", "503"} <= set(responses), (method, path)
             if "requestBody" in operation:
                 assert {"400", "413", "503"} <= set(responses), (method, path)

@@ -1,4 +1,4 @@
-"""tools/server_keeper.py without Triton: exit causes, backoff, restarts of an abnormal exit, the crash
+"""launcher/server_keeper.py without Triton: exit causes, backoff, restarts of an abnormal exit, the crash
 loop (it gives up naming the last cause and the log), a clean exit and a requested stop not restarted."""
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from tools.server_keeper import CrashLoop, RestartPolicy, ServerKeeper, describe_exit
+from launcher.keeper import CrashLoop, RestartPolicy, describe_exit
+from launcher.server_keeper import ServerKeeper
 
 
 def test_describe_exit():

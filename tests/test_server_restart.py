@@ -24,10 +24,12 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from supervisor.workload import pipelines, stream_call
+from bench.workload import pipelines
+from launcher.gateway_process import GatewayProcess
+from launcher.paths import ROOT
+from launcher.processes import free_port, process_tree, shm_regions_mapped
+from supervisor.codegen_probe import stream_call
 from test_supervisor_launcher import running, tritonserver_pid
-from tools.gateway_process import GatewayProcess
-from tools.triton_launcher import ROOT, free_port, process_tree, shm_regions_mapped
 
 pytestmark = pytest.mark.integration
 ST_DEMO = "demo_models/st-cls-demo"
@@ -119,10 +121,10 @@ def test_kill_9_tritonserver_under_load_everything_serves_again(topology, tmp_pa
                HF_ENDPOINT="http://127.0.0.1:9", **{k: str(v) for k, v in ports.items()})
     env.pop("LOAD_MODELS", None)  # every shipped model, as `make triton`
     log_path = tmp_path / "launcher.log"
-    command = [sys.executable, str(ROOT / "tools" / "triton_launcher.py")]
+    command = [sys.executable, "-m", "launcher"]
     if topology == "separate":
         command.append("--no-gateway")
-    launcher = subprocess.Popen(command, env=env, stdout=log_path.open("w"), stderr=subprocess.STDOUT)
+    launcher = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log_path.open("w"), stderr=subprocess.STDOUT)
     gateway = None
     http = httpx.Client(base_url=f"http://127.0.0.1:{ports['GATEWAY_PORT']}", timeout=60)
     health_log: list[tuple[float, int | None, dict]] = []
@@ -253,7 +255,7 @@ def test_the_gateway_reloads_its_models_into_a_server_restarted_underneath(tmp_p
     """The kubelet restarts the `triton` container: the new server has only its shipped models. The gateway
     notices (down, then back), loads its runtime model again before admitting its requests, and every listing
     tells the truth meanwhile: the model is 'reloading' (503), never listed as served while it is not."""
-    from tools.triton_launcher import TritonServer
+    from launcher.triton_server import TritonServer
 
     data = tmp_path / "data"
 

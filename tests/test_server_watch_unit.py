@@ -11,11 +11,11 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
-from gateway import admission as admission_module
+from gateway.middleware import admission as admission_module
 from gateway import errors
-from gateway.admission import Admission
+from gateway.middleware.admission import Admission
 from gateway.registry import ModelRegistry
-from gateway.server_watch import ServerWatch
+from gateway.triton.server_watch import ServerWatch
 from gateway.settings import Settings
 from test_gateway_registry import FakeEngine, generated  # noqa: F401 - the fixture
 
@@ -98,7 +98,7 @@ def test_a_model_the_server_lost_without_a_down_poll_is_reloaded(tmp_path, gener
 
 def app_with(admission: Admission, release: asyncio.Event) -> FastAPI:
     app = FastAPI()
-    admission_module.install(app, admission)
+    app.add_middleware(admission_module.Admit, admission=admission)
 
     @app.get("/slow")
     async def slow():

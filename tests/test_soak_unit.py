@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import importlib.util
 
-from supervisor.workload import Outcome
-from tools.triton_launcher import ROOT
+from bench.workload import Outcome
+from launcher.paths import ROOT
 
 spec = importlib.util.spec_from_file_location("soak", ROOT / "bench" / "soak.py")
 soak = importlib.util.module_from_spec(spec)

@@ -156,6 +156,19 @@ def test_only_documented_finish_reasons_reach_a_client():
             check_finish_reason(reason)
 
 
+def test_another_stages_error_reaches_the_client_as_that_stage_sent_it():
+    """A BLS front passes on the error another stage answered (StageError) with its message and code; a
+    fault of its own stays INTERNAL with an id only."""
+    from stage_common.errors import StageError
+    from stage_common.triton_io import error_response
+
+    refused = pb.TritonError("max_tokens must be between 1 and 512, got 900", pb.TritonError.INVALID_ARG)
+    error = error_response(StageError(refused)).error()
+    assert (error.message(), error.code()) == (refused.message(), pb.TritonError.INVALID_ARG)
+    own = error_response(RuntimeError("a secret detail")).error()
+    assert own.code() == pb.TritonError.INTERNAL and "secret" not in own.message()
+
+
 def test_bounded_workers_report_each_count_of_requests_in_flight():
     """Issue 35, item 5: the fronts publish this count; the supervisor retires an old stub only at 0."""
     import threading

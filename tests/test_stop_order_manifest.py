@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from tools.triton_launcher import ROOT
+from launcher.paths import ROOT
 
 TRITON_EXIT_TIMEOUT_S = 30  # Triton waits this long for its stubs on SIGTERM
 

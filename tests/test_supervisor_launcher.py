@@ -12,10 +12,11 @@ import time
 import httpx
 import pytest
 
+from bench.workload import Load, pipelines
+from launcher.paths import ROOT
+from launcher.processes import free_port, process_tree, shm_regions_mapped
 from supervisor.faults import kill_stub
 from supervisor.stubs import read_proc
-from supervisor.workload import Load, pipelines
-from tools.triton_launcher import ROOT, free_port, process_tree, shm_regions_mapped
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +49,7 @@ def test_launcher_supervisor_heals_and_health_tells_the_truth(tmp_path):
     env = dict(os.environ, LOAD_MODELS="text_embedding", DATA_DIR=str(tmp_path / "data"), PRELOAD_MODELS="",
                **{k: str(v) for k, v in ports.items()})
     log_path = tmp_path / "launcher.log"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tools" / "triton_launcher.py")], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "launcher"], env=env, cwd=ROOT,
                             stdout=log_path.open("w"), stderr=subprocess.STDOUT)
     health = httpx.Client(base_url=f"http://127.0.0.1:{ports['GATEWAY_PORT']}", timeout=30)
     try:

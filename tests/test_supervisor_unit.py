@@ -6,7 +6,8 @@ import time
 import pytest
 from pathlib import Path
 
-from supervisor.exposure import admin_key, is_loopback, restricted_api_args, restriction_required
+from gateway.loopback import is_loopback
+from launcher.exposure import admin_key, restricted_api_args, restriction_required
 from supervisor.monitor import ensembles_using
 from supervisor.stubs import StubTracker, instance_of, model_of, scan_stubs
 

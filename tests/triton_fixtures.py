@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tools.gateway_process import GatewayProcess
-from tools.triton_launcher import TritonServer, free_port
+from launcher.gateway_process import GatewayProcess
+from launcher.processes import free_port
+from launcher.triton_server import TritonServer
 
 
 class LiveServer:

@@ -206,7 +206,10 @@ def dockerfile_problems(path: Path) -> list[str]:
                 copied.add(source)
     # Files the image runs must exist in the repository and be in the build context.
     runs = " ".join(s.args for s in steps if s.keyword in ("RUN", "CMD", "ENTRYPOINT", "HEALTHCHECK"))
-    for referenced in sorted(set(re.findall(r"\b((?:tools|build|gateway|deploy)/[\w./-]+\.(?:py|sh))\b", runs))):
+    scripts = re.findall(r"\b((?:tools|build|gateway|deploy|launcher)/[\w./-]+\.(?:py|sh))\b", runs)
+    started = " ".join(s.args for s in steps if s.keyword in ("CMD", "ENTRYPOINT"))  # `python -m <package>`
+    modules = [name.replace(".", "/") + "/__main__.py" for name in re.findall(r'(?:"-m",\s*"|-m\s+)([\w.]+)', started)]
+    for referenced in sorted(set(scripts + modules)):
         if not (ROOT / referenced).is_file():
             problems.append(f"references {referenced}, which does not exist")
         elif ignored(referenced):
@@ -255,7 +258,7 @@ class Prometheus:
     """A Prometheus server on a free port scraping the given targets every second."""
 
     def __init__(self, targets: dict[str, tuple[str, str]], workdir: Path):
-        from tools.triton_server import free_port
+        from launcher.processes import free_port
 
         self.binary = shutil.which("prometheus")
         if self.binary is None:
@@ -301,7 +304,7 @@ class Prometheus:
 
     def stop(self) -> None:
         if self.process is not None:
-            from tools.triton_server import terminate
+            from launcher.processes import terminate
 
             terminate(self.process, 30)
             self.process = None
@@ -370,8 +373,9 @@ def live_promql_check(workdir: Path, low_concurrency: int = 1, high_concurrency:
     """tritonserver (text_embedding) + the gateway + Prometheus scraping both; light then heavy load on
     text_embedding and a few gateway calls; then every expression is evaluated."""
     sys.path.insert(0, str(ROOT))
-    from tools.gateway_process import GatewayProcess
-    from tools.triton_server import TritonServer, free_port
+    from launcher.gateway_process import GatewayProcess
+    from launcher.processes import free_port
+    from launcher.triton_server import TritonServer
 
     data_dir = workdir / "data"
     server = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),

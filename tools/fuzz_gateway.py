@@ -75,7 +75,8 @@ def main() -> int:
     args = parser.parse_args()
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
     from security_helpers import KEYS, keyed_gateway
-    from tools.triton_server import TritonServer, free_port
+    from launcher.processes import free_port
+    from launcher.triton_server import TritonServer
 
     with tempfile.TemporaryDirectory(prefix="fuzz-") as tmp:
         tmp = Path(tmp)

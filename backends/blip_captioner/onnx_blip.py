@@ -1,6 +1,6 @@
 """BLIP generation over ONNX Runtime: vision.onnx once per image (the cross-attention keys/values),
 then decoder.onnx per token with a key/value cache (exported and checked against torch by `make model`,
-build/onnx_export.py). Imports neither torch nor transformers."""
+gateway/modelgen/onnx_export.py). Imports neither torch nor transformers."""
 from __future__ import annotations
 
 import json

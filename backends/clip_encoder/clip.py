@@ -2,7 +2,7 @@
 one forward, giving the projected features (what CLIPModel.get_text/image_features return).
 
 Two runtimes compute the same features: ONNX Runtime over text.onnx and image.onnx (onnx_clip.py; exported
-and checked against torch when the gateway registers the model, build/onnx_export.py `export_clip`; no
+and checked against torch when the gateway registers the model, gateway/modelgen/onnx_export.py `export_clip`; no
 torch or transformers in the stub) and torch over the transformers folder (torch_clip.py).
 `make_towers` picks one from the model's `runtime` parameter. Imports neither torch nor transformers."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """CLIP's towers over ONNX Runtime: text.onnx (input_ids, attention_mask -> text_embeds) and image.onnx
-(pixel_values -> image_embeds), exported and checked against torch by build/onnx_export.py `export_clip`.
+(pixel_values -> image_embeds), exported and checked against torch by gateway/modelgen/onnx_export.py `export_clip`.
 Imports neither torch nor transformers."""
 from __future__ import annotations
 

@@ -8,25 +8,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from gptj_generator.bls_client import GeneratorClient  # noqa: E402
-from gptj_generator.generation_params import GenerationParams  # noqa: E402
+from codegen_common.bls_client import GeneratorClient  # noqa: E402
+from codegen_common.generation_params import GenerationParams  # noqa: E402
 from stage_common.bls_iterators import IteratorRelease  # noqa: E402
 from stage_common.bounded_workers import BoundedWorkers  # noqa: E402
 from stage_common.in_flight_metric import in_flight_gauge  # noqa: E402
-from stage_common.errors import check_finish_reason  # noqa: E402
+from stage_common.errors import StageError, check_finish_reason  # noqa: E402
 from stage_common.params import config_param  # noqa: E402
 from stage_common.triton_io import error_response, input_array, load_model_config, string_tensor  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 PAD = -1  # output_ids padding of the shorter rows (codegen_postprocess drops it)
-
-
-class RowError(Exception):
-    """The generator refused or failed a row: passed on to the client as it is."""
-
-    def __init__(self, error):
-        super().__init__(error.message())
-        self.error = error
 
 
 class TritonPythonModel:
@@ -59,10 +51,7 @@ class TritonPythonModel:
     def _serve(self, request):
         try:
             response = self._answer(request)
-        except RowError as exc:
-            error = pb_utils.TritonError(exc.error.message(), exc.error.code())
-            response = pb_utils.InferenceResponse(output_tensors=[], error=error)
-        except Exception as exc:  # noqa: BLE001 - reported to this request's client alone
+        except Exception as exc:  # noqa: BLE001 - to this client alone (a StageError as the stage said it)
             response = error_response(exc)
         request.get_response_sender().send(response, flags=FINAL)
 
@@ -101,7 +90,7 @@ class TritonPythonModel:
             if "completion_tokens" in out:
                 count = int(out["completion_tokens"].reshape(-1)[0])
         if error is not None:
-            raise RowError(error)
+            raise StageError(error)  # the generator refused or failed the row
         check_finish_reason(reason)  # "stop" or "length" only (README); a dropped row is an error
         return (np.concatenate(chunks).astype(np.int32) if chunks else np.zeros(0, np.int32)), reason, count
 

@@ -3,9 +3,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from codegen_postprocess.detokenizer import Detokenizer  # noqa: E402
-from gptj_generator.generation_params import GenerationParams  # noqa: E402
-from gptj_generator.request_inputs import row_stop_words  # noqa: E402
+from codegen_common.detokenizer import Detokenizer  # noqa: E402
+from codegen_common.generation_params import GenerationParams  # noqa: E402
+from stage_common.request_inputs import row_stop_words  # noqa: E402
 from stage_common.triton_io import execute_batched, input_array, string_tensor, text_rows, version_dir  # noqa: E402
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from gptj_generator.request_checks import check_lengths, check_sampling
+from codegen_common.request_checks import check_lengths, check_sampling
 from stage_common.errors import BadInput
 
 

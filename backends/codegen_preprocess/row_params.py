@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from gptj_generator.generation_params import DEFAULT_MAX_TOKENS, GenerationParams, parse_sampling_parameters
-from gptj_generator.request_inputs import row_stop_words, row_values
+from codegen_common.generation_params import DEFAULT_MAX_TOKENS, GenerationParams, parse_sampling_parameters
 from stage_common.errors import BadInput, decode_utf8
+from stage_common.request_inputs import row_stop_words, row_values
 from stage_common.triton_io import text_rows
 
 

@@ -7,10 +7,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from codegen_postprocess.detokenizer import Detokenizer  # noqa: E402
-from gptj_generator.bls_client import GeneratorClient  # noqa: E402
-from gptj_generator.generation_params import GenerationParams  # noqa: E402
-from stage_common.errors import BadInput, check_finish_reason  # noqa: E402
+from codegen_common.bls_client import GeneratorClient  # noqa: E402
+from codegen_common.detokenizer import Detokenizer  # noqa: E402
+from codegen_common.generation_params import GenerationParams  # noqa: E402
+from stage_common.errors import BadInput, StageError, check_finish_reason  # noqa: E402
 from stage_common.bls_deadline import CallLost, CallTimedOut, call_with_deadline  # noqa: E402
 from stage_common.bls_iterators import IteratorRelease  # noqa: E402
 from stage_common.bounded_workers import BoundedWorkers  # noqa: E402
@@ -27,14 +27,6 @@ PREPROCESS_INPUTS = {"text_input": "text_input", "max_tokens": "request_output_l
                      "top_k": "runtime_top_k", "top_p": "runtime_top_p", "random_seed": "random_seed",
                      "stop_words": "stop_words", "sampling_parameters": "sampling_parameters",
                      "exclude_input_in_output": "exclude_input_in_output", "stream": "stream"}
-
-
-class StageError(Exception):
-    """A stage answered with an error: passed on to the client as it is."""
-
-    def __init__(self, error):
-        super().__init__(error.message())
-        self.error = error
 
 
 def _renamed(request, mapping: dict[str, str]) -> list:
@@ -102,10 +94,7 @@ class TritonPythonModel:
         iterators = []  # every decoupled BLS call's responses: released only after the stub's cleanup
         try:
             last = self._stream(request, sender, iterators)
-        except StageError as exc:
-            last = pb_utils.InferenceResponse(output_tensors=[],
-                                              error=pb_utils.TritonError(exc.error.message(), exc.error.code()))
-        except Exception as exc:  # noqa: BLE001 - reported to this request's client alone
+        except Exception as exc:  # noqa: BLE001 - to this client alone (a StageError as the stage said it)
             last = error_response(exc)
         try:
             self.release.after_cleanup(request, iterators)

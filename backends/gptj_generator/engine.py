@@ -23,7 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from gptj_generator.kv_cache import growing_cache
-from gptj_generator.request_checks import check_lengths, check_stop_words
+from codegen_common.request_checks import check_lengths, check_stop_words
 from gptj_generator.sampling import SamplingParams, sample
 from gptj_generator.text_stream import TextStream
 from stage_common.errors import Overloaded, check_token_rows

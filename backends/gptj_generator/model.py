@@ -10,10 +10,10 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 from gptj_generator.engine import FINISH_REASONS, GenerationRequest  # noqa: E402
 from gptj_generator.loading import load_engine  # noqa: E402
 from gptj_generator.pulled_stream import Chunk, PulledStream, PulledStreams  # noqa: E402
-from gptj_generator.request_inputs import scalar_input, stop_words_input  # noqa: E402
 from gptj_generator.sampling import SamplingParams  # noqa: E402
 from stage_common.errors import BadInput  # noqa: E402
 from stage_common.params import config_param  # noqa: E402
+from stage_common.request_inputs import scalar_input, stop_words_input  # noqa: E402
 from stage_common.torch_runtime import configure_torch  # noqa: E402
 from stage_common.triton_io import (error_response, input_array, load_model_config, string_tensor,  # noqa: E402
                                     version_dir)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gptj_generator.request_checks import GREEDY_TEMPERATURE, check_sampling
+from codegen_common.request_checks import GREEDY_TEMPERATURE, check_sampling
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,15 @@ class Overloaded(RuntimeError):
     """Over capacity: becomes an UNAVAILABLE error, refused at once (the client may retry)."""
 
 
+class StageError(Exception):
+    """Another stage answered a BLS call with an error: passed on to the client as it is (its message
+    and its code), not turned into an internal error."""
+
+    def __init__(self, error):
+        super().__init__(error.message())
+        self.error = error
+
+
 def decode_utf8(data: bytes, what: str = "text") -> str:
     try:
         return data.decode("utf-8")

@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from stage_common.errors import BadInput, Overloaded, check_limit, decode_utf8, internal_error_message
+from stage_common.errors import BadInput, Overloaded, StageError, check_limit, decode_utf8, internal_error_message
 
 
 def load_model_config(args: dict) -> dict:
@@ -23,10 +23,6 @@ def version_dir(args: dict) -> Path:
 def gpu_device(args: dict) -> int | None:
     """The GPU Triton placed this instance on (KIND_AUTO/KIND_GPU), None on a CPU instance."""
     return int(args.get("model_instance_device_id", 0)) if args.get("model_instance_kind") == "GPU" else None
-
-
-def output_dtype(model_config: dict, name: str) -> np.dtype:
-    return pb_utils.triton_string_to_numpy(pb_utils.get_output_config_by_name(model_config, name)["data_type"])
 
 
 def input_array(request, name: str, optional: bool = False) -> np.ndarray | None:
@@ -54,12 +50,15 @@ def string_tensor(name: str, values: Sequence[str], shape: tuple[int, ...]) -> "
 
 
 def triton_error(exc: BaseException) -> "pb_utils.TritonError":
-    """BadInput -> INVALID_ARG with its message; Overloaded -> UNAVAILABLE; anything else -> INTERNAL
-    with an id only (the traceback goes to the server log, never to the client)."""
+    """BadInput -> INVALID_ARG with its message; Overloaded -> UNAVAILABLE; StageError -> the other
+    stage's own error; anything else -> INTERNAL with an id only (the traceback goes to the server log,
+    never to the client)."""
     if isinstance(exc, BadInput):
         return pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
     if isinstance(exc, Overloaded):
         return pb_utils.TritonError(str(exc), pb_utils.TritonError.UNAVAILABLE)
+    if isinstance(exc, StageError):
+        return pb_utils.TritonError(exc.error.message(), exc.error.code())
     return pb_utils.TritonError(internal_error_message(exc))
 
 

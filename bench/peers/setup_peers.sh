@@ -15,7 +15,7 @@ make_venv() {  # name, pip args...
   if [ -f "$dir/.stamp" ] && [ "$(cat "$dir/.stamp")" = "$stamp" ]; then echo "peers: $dir is up to date"; return; fi
   rm -rf "$dir"
   "$PYTHON" -m venv "$dir"
-  # infinity: the CPU torch wheel first (as tools/setup.sh does), so the resolver does not pull a CUDA build
+  # infinity: the CPU torch wheel first (as launcher/setup.sh does), so the resolver does not pull a CUDA build
   # (pip's warnings about this machine's empty local index folders are filtered; its exit status is kept)
   if [ "$dir" = .peers/infinity-venv ]; then "$dir/bin/pip" install --quiet "torch==2.13.0" 2> >(grep -v "is ignored" >&2); fi
   "$dir/bin/pip" install --quiet "$@" 2> >(grep -v "is ignored" >&2)

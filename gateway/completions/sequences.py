@@ -11,7 +11,7 @@ from typing import AsyncIterator
 import numpy as np
 
 from gateway.completions.tensors import STREAM_MODEL, Sequence
-from gateway.triton_engine import StreamResponse
+from gateway.triton.engine import StreamResponse
 
 _DONE = object()
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gateway.completions.request import CompletionRequest, stop_words_of
+from gateway.completions.checks import stop_words_of
+from gateway.schemas.completions import DEFAULT_MAX_TOKENS, CompletionRequest
 
 STREAM_MODEL = "codegen_stream"  # decoupled and cancellable: serves unary and streamed completions
 
@@ -39,7 +40,7 @@ def sequences(body: CompletionRequest, prompts: list[str]) -> list[Sequence]:
     n = body.n or 1
     temperature = 1.0 if body.temperature is None else body.temperature
     top_p = 1.0 if body.top_p is None else body.top_p
-    max_tokens = 16 if body.max_tokens is None else body.max_tokens
+    max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     base_seed = secrets.randbits(62) if body.seed is None else body.seed
     stop_words = stop_words_of(body)
     return [Sequence(p * n + j, p, prompt,

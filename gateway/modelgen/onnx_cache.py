@@ -1,7 +1,7 @@
 """ONNX graphs of the models the gateway registers, exported once per set of weights.
 
-At registration the model is exported (`python -m build.onnx_export`, in a subprocess with a time limit:
-the gateway process never imports torch) and the graphs checked against torch there. They are kept in a
+At registration the model is exported (`python -m gateway.modelgen.onnx_export`, in a subprocess with a
+time limit: the gateway process never imports torch) and the graphs checked against torch there. They are kept in a
 cache folder keyed by a hash of the model's config and weight files, the exporter's version and the
 tolerance, so registering the same weights again, under any name, or restarting the gateway, exports
 nothing. The cache lives beside the generated repository (DATA_DIR/onnx_cache), not in it: Triton takes
@@ -16,7 +16,6 @@ delete its folder to try again. A timeout or a killed export is not recorded (it
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -31,10 +30,12 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from gateway.file_lock import FileLock
+
 log = logging.getLogger("gateway.onnx_cache")
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-# Bump when build/onnx_export.py changes the graphs it writes: every cached export is made again.
+# Bump when gateway/modelgen/onnx_export.py changes the graphs it writes: every cached export is made again.
 EXPORTER_VERSION = "1"
 FILES = {"clip": ("text.onnx", "image.onnx"), "encoder": ("model.onnx",)}
 RECORD = "export.json"
@@ -133,39 +134,15 @@ def _from_record(entry: Path, kind: str, record: dict) -> Export:
     return Export("torch", {}, f"torch: ONNX export failed ({record.get('error', '?')}); delete {entry} to retry")
 
 
-class _Lock:
-    """flock on <cache>/<key>.lock, waited for at most `timeout_s` (the holder's export is bounded)."""
-
-    def __init__(self, path: Path, timeout_s: float):
-        self.path, self.timeout_s = path, timeout_s
-
-    def __enter__(self):
-        self.file = open(self.path, "a")
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            try:
-                fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    self.file.close()
-                    raise TimeoutError(f"{self.path} held for more than {self.timeout_s:.0f}s") from None
-                time.sleep(0.2)
-
-    def __exit__(self, *exc):
-        fcntl.flock(self.file, fcntl.LOCK_UN)
-        self.file.close()
-
-
 def _run_exporter(kind: str, source: Path, out: Path, options: ExportOptions) -> tuple[dict | None, str | None]:
     """(result, None) on success; (None, error) on a failure worth recording; raises TimeoutError or
     RuntimeError for failures that are not recorded."""
     global exports_started
     with _count_lock:
         exports_started += 1
-    cmd = [sys.executable, "-m", "build.onnx_export", kind, str(Path(source).resolve()), str(Path(out).resolve()),
-           "--tolerance", repr(options.tolerance)]
-    # cwd=ROOT: `-m build...` finds this repository's build/ package first
+    cmd = [sys.executable, "-m", "gateway.modelgen.onnx_export", kind, str(Path(source).resolve()),
+           str(Path(out).resolve()), "--tolerance", repr(options.tolerance)]
+    # cwd=ROOT: `-m gateway...` finds this repository's gateway/ package first
     process = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with _count_lock:
         _running.add(process)
@@ -200,7 +177,7 @@ def export_graphs(kind: str, source: Path, hashed: list[Path], repository: Path,
         entry = cache / key
         record = _read_record(entry, kind)  # the usual case after the first registration: no lock needed
         if record is None:
-            with _Lock(cache / f"{key}.lock", options.timeout_s + 60):
+            with FileLock(cache / f"{key}.lock", options.timeout_s + 60):
                 record = _read_record(entry, kind)  # another registration may have made it meanwhile
                 if record is None:
                     record, how = _export_entry(kind, source, cache, key, options), "exported"

@@ -78,7 +78,7 @@ def local_folder(model_name: str, roots: Sequence[Path]) -> Path | None:
 
 def hub_folder(repo_id: str, kind: str, hub_options: hub.HubOptions) -> Path:
     """The hub repository's files for a loader of `kind`: cached, or downloaded if HUB_DOWNLOADS allows it
-    (bounded and explained: gateway/hub.py)."""
+    (bounded and explained: gateway/hub/)."""
     return hub.hub_folder(repo_id, kind, hub_options)
 
 

@@ -4,59 +4,20 @@ image, text or vector. Every bound is checked before anything is embedded or wri
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
 
 import numpy as np
-from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import APIRouter
 
-from gateway.embedding import embed_images, embed_texts, model_spec
+from gateway.dependencies import CollectionsDep, EmbedderDep, SettingsDep
+from gateway.embedding.embed import Embedder
+from gateway.embedding.images import image_bytes
 from gateway.errors import BadRequest
-from gateway.images import image_bytes
+from gateway.middleware.strict_json import StrictJSONRoute
+from gateway.schemas.collections import CreateCollection, PointIds, Points, Search
 from gateway.search.collections import CollectionInfo, check_filter, check_ids, check_name
-from gateway.strict_json import StrictJSONRoute
+from gateway.settings import Settings
 
 router = APIRouter(tags=["search"], route_class=StrictJSONRoute)
-
-
-class CreateCollection(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model: str
-    pretrained: str | None = None
-    store: Literal["faiss", "qdrant"] = "faiss"
-    distance: Literal["cosine"] = "cosine"
-
-
-class Point(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    id: Any
-    image: str | None = None
-    text: str | None = None
-    vector: list[float] | None = None
-    payload: dict[str, Any] = Field(default_factory=dict)
-
-
-class Points(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    points: list[Point]
-
-
-class PointIds(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    ids: list[Any]
-
-
-class Search(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    image: str | None = None
-    text: str | None = None
-    vector: list[float] | None = None
-    limit: int = 10
-    filter: dict[str, Any] | None = None
-
-
-def collections(request: Request):
-    return request.app.state.collections
 
 
 def one_query(item, where: str) -> str:
@@ -75,9 +36,9 @@ def check_vector(vector: list[float], dimension: int, param: str) -> np.ndarray:
     return array
 
 
-async def embed(request: Request, info: CollectionInfo, kinds: list[str], values: list, what: str) -> np.ndarray:
+async def embed(embedder: Embedder, settings: Settings, info: CollectionInfo, kinds: list[str], values: list,
+                what: str) -> np.ndarray:
     """Vectors for a mix of images, texts and raw vectors: each kind embedded in one batched call."""
-    state, settings = request.app.state, request.app.state.settings
     out = np.zeros((len(values), info.dimension), dtype=np.float32)
     rows = {k: [i for i, kind in enumerate(kinds) if kind == k] for k in ("image", "text", "vector")}
     for i in rows["vector"]:
@@ -85,46 +46,45 @@ async def embed(request: Request, info: CollectionInfo, kinds: list[str], values
     images = [await image_bytes(values[i], settings, what=f"{what}[{i}].image" if what == "points" else "image")
               for i in rows["image"]]
     if images:
-        out[rows["image"]] = await embed_images(state, info.model, images, info.pretrained)
+        out[rows["image"]] = await embedder.embed_images(info.model, images, info.pretrained)
     if rows["text"]:
-        out[rows["text"]] = await embed_texts(state, info.model, [values[i] for i in rows["text"]], info.pretrained)
+        out[rows["text"]] = await embedder.embed_texts(info.model, [values[i] for i in rows["text"]], info.pretrained)
     return out
 
 
 @router.put("/collections/{name}")
-async def create_collection(name: str, body: CreateCollection, request: Request):
+async def create_collection(name: str, body: CreateCollection, service: CollectionsDep, embedder: EmbedderDep):
     check_name(name)
-    collections(request).check_shared(name, body.store)  # before the model: refused as asked, whatever it names
-    spec = await model_spec(request.app.state, body.model, body.pretrained)
+    service.check_shared(name, body.store)  # before the model: refused as asked, whatever it names
+    spec = await embedder.model_spec(body.model, body.pretrained)
     if spec.kind != "clip" or not spec.image_model:
         raise BadRequest(f"model '{body.model}' is not a CLIP model (load one with POST /load_clip_model)",
                          param="model")
     info = CollectionInfo(name=name, model=body.model, pretrained=body.pretrained, store=body.store,
                           distance=body.distance, dimension=spec.dimension)
-    created = await collections(request).create(info)
-    return {**await collections(request).describe(name), "created": created}
+    created = await service.create(info)
+    return {**await service.describe(name), "created": created}
 
 
 @router.get("/collections")
-async def list_collections(request: Request):
-    service = collections(request)
+async def list_collections(service: CollectionsDep):
     return {"collections": [await service.describe(n) for n in sorted(service.infos)]}
 
 
 @router.get("/collections/{name}")
-async def get_collection(name: str, request: Request):
-    return await collections(request).describe(name)
+async def get_collection(name: str, service: CollectionsDep):
+    return await service.describe(name)
 
 
 @router.delete("/collections/{name}")
-async def delete_collection(name: str, request: Request):
-    await collections(request).drop(name)
+async def delete_collection(name: str, service: CollectionsDep):
+    await service.drop(name)
     return {"deleted": name}
 
 
 @router.post("/collections/{name}/points")
-async def upsert_points(name: str, body: Points, request: Request):
-    service, settings = collections(request), request.app.state.settings
+async def upsert_points(name: str, body: Points, service: CollectionsDep, embedder: EmbedderDep,
+                        settings: SettingsDep):
     info = service.info(name)
     if not body.points:
         raise BadRequest("points is empty", param="points")
@@ -139,14 +99,14 @@ async def upsert_points(name: str, body: Points, request: Request):
                 raise BadRequest(f"points[{i}].payload key {key!r}: keys starting with '__' are reserved",
                                  param="payload")
     kinds = [one_query(p, "point") for p in body.points]
-    vectors = await embed(request, info, kinds, [getattr(p, k) for p, k in zip(body.points, kinds)], "points")
+    vectors = await embed(embedder, settings, info, kinds, [getattr(p, k) for p, k in zip(body.points, kinds)],
+                          "points")
     count = await service.upsert(name, ids, vectors, [p.payload for p in body.points])
     return {"upserted": len(ids), "count": count}
 
 
 @router.delete("/collections/{name}/points")
-async def delete_points(name: str, body: PointIds, request: Request):
-    service, settings = collections(request), request.app.state.settings
+async def delete_points(name: str, body: PointIds, service: CollectionsDep, settings: SettingsDep):
     service.info(name)
     if len(body.ids) > settings.search_max_points:
         raise BadRequest(f"{len(body.ids)} ids, over the limit of {settings.search_max_points} per request "
@@ -156,16 +116,15 @@ async def delete_points(name: str, body: PointIds, request: Request):
 
 
 @router.post("/collections/{name}/search")
-async def search(name: str, body: Search, request: Request):
+async def search(name: str, body: Search, service: CollectionsDep, embedder: EmbedderDep, settings: SettingsDep):
     started = time.perf_counter()
-    service, settings = collections(request), request.app.state.settings
     info = service.info(name)
     if not 1 <= body.limit <= settings.search_max_limit:
         raise BadRequest(f"limit must be between 1 and {settings.search_max_limit} (SEARCH_MAX_LIMIT)",
                          param="limit")
     check_filter(body.filter)
     kind = one_query(body, "search")
-    vector = (await embed(request, info, [kind], [getattr(body, kind)], "query"))[0]
+    vector = (await embed(embedder, settings, info, [kind], [getattr(body, kind)], "query"))[0]
     hits = await service.search(name, vector, body.limit, body.filter)
     return {"results": [{"id": h.id, "score": h.score, "payload": h.payload} for h in hits],
             "processingTimeMs": (time.perf_counter() - started) * 1000}

@@ -12,9 +12,11 @@ from fastapi.responses import Response, StreamingResponse
 from gateway import errors
 from gateway.completions import sequences as runner
 from gateway.completions import shapes
-from gateway.completions.request import CompletionRequest, check
+from gateway.completions.checks import check
 from gateway.completions.tensors import sequences
-from gateway.strict_json import StrictJSONRoute
+from gateway.dependencies import EngineDep, SettingsDep
+from gateway.middleware.strict_json import StrictJSONRoute
+from gateway.schemas.completions import CompletionRequest
 
 router = APIRouter(tags=["openai"], route_class=StrictJSONRoute)
 T = TypeVar("T")
@@ -46,10 +48,10 @@ async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
 
 
 @router.post("/v1/completions")
-async def create_completion(body: CompletionRequest, request: Request):
-    prompts = check(body, request.app.state.settings)
+async def create_completion(body: CompletionRequest, request: Request, engine: EngineDep, settings: SettingsDep):
+    prompts = check(body, settings)
     seqs = sequences(body, prompts)
-    engine, header = request.app.state.engine, shapes.Header(body.model)
+    header = shapes.Header(body.model)
     try:
         if body.stream:
             return await _streamed(request, body, seqs, engine, header)

@@ -5,27 +5,18 @@ from __future__ import annotations
 
 import json
 
-from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict
+from fastapi import APIRouter
 
-from gateway.embedding import check_texts
-from gateway.images import image_bytes
-from gateway.strict_json import StrictJSONRoute
-from gateway.triton_engine import string_rows
+from gateway.dependencies import EngineDep, SettingsDep
+from gateway.embedding.embed import check_texts
+from gateway.embedding.images import image_bytes
+from gateway.middleware.strict_json import StrictJSONRoute
+from gateway.schemas.pipelines import CaptionRequest, NerRequest
+from gateway.triton.engine import string_rows
 
 router = APIRouter(tags=["pipelines"], route_class=StrictJSONRoute)
 
 NER_MODEL, CAPTION_MODEL = "ner", "food_captioning"
-
-
-class NerRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    text: str
-
-
-class CaptionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    image: str  # base64, a data: URL, or an allowlisted http(s) URL (as /v1/embeddings' images)
 
 
 def _text(value) -> str:
@@ -33,16 +24,15 @@ def _text(value) -> str:
 
 
 @router.post("/v1/ner", summary="Named entities of a text (the ner pipeline)")
-async def ner(body: NerRequest, request: Request) -> dict:
-    check_texts([body.text], request.app.state.settings, "text")
-    out = await request.app.state.engine.infer(NER_MODEL, {"text": string_rows([body.text])}, ["entities"])
+async def ner(body: NerRequest, engine: EngineDep, settings: SettingsDep) -> dict:
+    check_texts([body.text], settings, "text")
+    out = await engine.infer(NER_MODEL, {"text": string_rows([body.text])}, ["entities"])
     return {"model": NER_MODEL, "entities": json.loads(_text(out["entities"].reshape(-1)[0]))}
 
 
 @router.post("/v1/caption", summary="Food-11 label, score and caption of an image (the food_captioning pipeline)")
-async def caption(body: CaptionRequest, request: Request) -> dict:
-    data = await image_bytes(body.image, request.app.state.settings)
-    out = await request.app.state.engine.infer(CAPTION_MODEL, {"image": string_rows([data])},
-                                               ["label", "score", "caption"])
+async def caption(body: CaptionRequest, engine: EngineDep, settings: SettingsDep) -> dict:
+    data = await image_bytes(body.image, settings)
+    out = await engine.infer(CAPTION_MODEL, {"image": string_rows([data])}, ["label", "score", "caption"])
     return {"model": CAPTION_MODEL, "label": _text(out["label"].reshape(-1)[0]),
             "score": float(out["score"].reshape(-1)[0]), "caption": _text(out["caption"].reshape(-1)[0])}

@@ -5,16 +5,17 @@ from __future__ import annotations
 import asyncio
 import time
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
-from gateway.embedding import check_count, embed_images, embed_texts
+from gateway.dependencies import EmbedderDep, EngineDep, RegistryDep, SettingsDep
+from gateway.embedding.embed import check_count
+from gateway.embedding.images import image_bytes
 from gateway.errors import BadRequest
-from gateway.images import image_bytes
+from gateway.middleware.strict_json import StrictJSONRoute
 from gateway.modelgen import ModelSpec
-from gateway.registry import model_id
-from gateway.schemas import InferRequest, LoadClip, LoadSentenceTransformer, ModelRef
-from gateway.strict_json import StrictJSONRoute
+from gateway.registry import ModelRegistry, model_id
+from gateway.schemas.seed import InferRequest, LoadClip, LoadSentenceTransformer, ModelRef
 
 router = APIRouter(tags=["models"], route_class=StrictJSONRoute)
 
@@ -33,8 +34,8 @@ def _label(name: str, pretrained: str | None) -> str:
 WAIT = Query("one", pattern="^(one|all)$", description="`all`: return once every live replica has the model ready")
 
 
-async def _load(request: Request, name: str, pretrained: str | None, kind: str, replace: bool, wait: str) -> dict:
-    registry = request.app.state.models
+async def _load(registry: ModelRegistry, name: str, pretrained: str | None, kind: str, replace: bool,
+                wait: str) -> dict:
     spec, already = await registry.load(name, pretrained, kind, replace=replace)
     verb = "is already loaded" if already else ("replaced" if replace else "loaded")
     placement = await registry.placement(model_id(spec.model_name, spec.pretrained), wait_all=wait == "all")
@@ -42,32 +43,31 @@ async def _load(request: Request, name: str, pretrained: str | None, kind: str, 
 
 
 @router.post("/load_sentence_transformer_model")
-async def load_sentence_transformer_model(body: LoadSentenceTransformer, request: Request, wait: str = WAIT):
-    return await _load(request, body.model_name, None, "sentence_transformer", body.replace, wait)
+async def load_sentence_transformer_model(body: LoadSentenceTransformer, registry: RegistryDep, wait: str = WAIT):
+    return await _load(registry, body.model_name, None, "sentence_transformer", body.replace, wait)
 
 
 @router.post("/load_clip_model")
-async def load_clip_model(body: LoadClip, request: Request, wait: str = WAIT):
-    return await _load(request, body.model_name, body.pretrained, "clip", body.replace, wait)
+async def load_clip_model(body: LoadClip, registry: RegistryDep, wait: str = WAIT):
+    return await _load(registry, body.model_name, body.pretrained, "clip", body.replace, wait)
 
 
 @router.post("/unload_model")
-async def unload_model(body: ModelRef, request: Request):
-    await request.app.state.models.unload(body.model_name, body.pretrained)
+async def unload_model(body: ModelRef, registry: RegistryDep):
+    await registry.unload(body.model_name, body.pretrained)
     return {"message": f"Model {_label(body.model_name, body.pretrained)} unloaded."}
 
 
 @router.post("/delete_model")
-async def delete_model(body: ModelRef, request: Request):
-    await request.app.state.models.delete(body.model_name, body.pretrained)
+async def delete_model(body: ModelRef, registry: RegistryDep):
+    await registry.delete(body.model_name, body.pretrained)
     return {"message": f"Model {_label(body.model_name, body.pretrained)} deleted."}
 
 
 @router.get("/loaded_models")
-async def loaded_models(request: Request):
-    registry = request.app.state.models
+async def loaded_models(registry: RegistryDep, settings: SettingsDep):
     where = await registry.ready_on()
-    replica = request.app.state.settings.replica_id
+    replica = settings.replica_id
 
     def placed(spec: ModelSpec) -> dict:  # "replicas": the live ones where it is ready
         return {**describe(spec), "replicas": where.get(model_id(spec.model_name, spec.pretrained), [replica])}
@@ -80,30 +80,28 @@ async def loaded_models(request: Request):
 
 
 @router.post("/infer")
-async def infer(body: InferRequest, request: Request):
+async def infer(body: InferRequest, embedder: EmbedderDep, settings: SettingsDep):
     started = time.perf_counter()
-    state = request.app.state
     if not body.text and not body.image:
         raise BadRequest("send at least one of text or image", param="text")
     images: list[bytes] = []
     if body.image:
-        check_count(body.image, state.settings, "image")
-        images = list(await asyncio.gather(*(image_bytes(v, state.settings, f"image[{i}]")
+        check_count(body.image, settings, "image")
+        images = list(await asyncio.gather(*(image_bytes(v, settings, f"image[{i}]")
                                              for i, v in enumerate(body.image))))
     text_vectors = image_vectors = None
     if body.text:
-        text_vectors = await embed_texts(state, body.model_name, body.text, body.pretrained, body.normalize)
+        text_vectors = await embedder.embed_texts(body.model_name, body.text, body.pretrained, body.normalize)
     if images:
-        image_vectors = await embed_images(state, body.model_name, images, body.pretrained, body.normalize)
+        image_vectors = await embedder.embed_images(body.model_name, images, body.pretrained, body.normalize)
     return JSONResponse({"text_embeddings": text_vectors.tolist() if text_vectors is not None else [],
                          "image_embeddings": image_vectors.tolist() if image_vectors is not None else [],
                          "processingTimeMs": round((time.perf_counter() - started) * 1000, 2)})  # see embeddings.py
 
 
 @router.get("/metrics")
-async def metrics(request: Request):
+async def metrics(registry: RegistryDep, engine: EngineDep):
     """Triton's inference statistics for the models the gateway serves (ensembles and their steps)."""
-    state = request.app.state
-    wanted = {name for spec in state.models.loaded() for name in (spec.triton_models or spec.ensembles)}
-    stats = await state.engine.statistics()
+    wanted = {name for spec in registry.loaded() for name in (spec.triton_models or spec.ensembles)}
+    stats = await engine.statistics()
     return {"model_stats": [m for m in stats.get("model_stats", []) if m.get("name") in wanted]}

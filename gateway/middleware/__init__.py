@@ -1,0 +1,56 @@
+"""Everything that runs around the routes of every request, installed by `install` in this order,
+outermost first (a request meets them top to bottom, its response bottom to top):
+
+1. replica_id.py   x-replica-id on every response, the 500s included (wraps the whole stack)
+   -- Starlette's ServerErrorMiddleware: an exception nothing caught becomes a 500 (gateway/errors.py)
+2. admission.py    503 while Triton cannot serve or the gateway drains; answers what the drain deadline cuts
+3. metrics.py      gateway_requests, gateway_errors, gateway_request_duration_seconds per route template
+4. audit.py        one JSON line per admin request, refused ones (401, 403, 413, 429) too
+5. auth.py         401 / 403 from the key and the route's scope, before any body is read; x-request-id
+6. quotas.py       429 over a key's requests per second or requests in flight
+7. body_limits.py  413 / 408 / 503: the route's body cap, BODY_TIMEOUT_S, BODY_BUFFER_BYTES (body_budget.py)
+   -- FastAPI: exception handlers (gateway/errors.py), then the route; JSON bodies are parsed strictly
+      (strict_json.py), and POST /v1/completions counts its tokens per key (QuotaBook.charge_tokens)
+
+policy.py is the table of every route's scope, body cap, error statuses and audit flag that auth, audit
+and the body caps read (and the OpenAPI document, gateway/pages/openapi.py)."""
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from gateway.keys import KeyRing
+from gateway.middleware import replica_id
+from gateway.middleware.admission import Admission, Admit
+from gateway.middleware.audit import Audit, AuditLog
+from gateway.middleware.auth import Authenticate
+from gateway.middleware.body_budget import BodyBudget, budget_bytes
+from gateway.middleware.body_limits import CapBodies
+from gateway.middleware.metrics import GatewayMetrics, Measure, add_route
+from gateway.middleware.policy import RouteTable
+from gateway.middleware.quotas import QuotaBook, Quotas
+from gateway.settings import Settings
+
+
+def install(app: FastAPI, settings: Settings, ring: KeyRing | None) -> RouteTable:
+    """Add the middleware above to `app`, in the order above, and keep on app.state what others reach:
+    `admission` (the server watch, the drain on SIGTERM), `quotas` (closed at shutdown; the completions
+    router's token count), `body_budget`, `metrics`. Returns the route table (checked complete at start)."""
+    routes = RouteTable(app)
+    state = app.state
+    state.admission = Admission(drain_s=settings.drain_s)
+    state.metrics = GatewayMetrics()
+    state.quotas = QuotaBook(settings)
+    state.body_budget = BodyBudget(budget_bytes(settings))  # request-body bytes held, all requests together
+    outermost_first = [
+        (Admit, {"admission": state.admission}),  # outside the metrics: refusals are cheap and not measured
+        (Measure, {"metrics": state.metrics}),
+        (Audit, {"routes": routes, "audit_log": AuditLog(settings.data_dir / "audit.log")}),
+        (Authenticate, {"routes": routes, "ring": ring}),
+        (Quotas, {"book": state.quotas}),
+        (CapBodies, {"routes": routes, "settings": settings, "budget": state.body_budget}),
+    ]
+    for middleware, options in reversed(outermost_first):  # add_middleware puts the last added outermost
+        app.add_middleware(middleware, **options)
+    add_route(app, state.metrics)  # GET /metrics/prometheus
+    replica_id.install(app)  # outside everything add_middleware builds, ServerErrorMiddleware included
+    return routes

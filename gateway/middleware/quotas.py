@@ -1,0 +1,295 @@
+"""Per-key quotas (issue 25): requests per second and concurrent requests for every key (one ASGI
+middleware), tokens per minute for completions (one dependency on the completions router).
+
+Rates are counted by the `limits` library (moving windows) in the storage QUOTA_STORAGE names
+(`memory://` by default: per gateway process; `redis://host:port`, the default when REDIS_URL is set,
+shares them between replicas). Concurrency is counted in this process, or with REDIS_URL in Redis (one
+sorted set per key: a request's entry expires after REQUEST_TIMEOUT_S should its replica die before
+removing it). When Redis does not answer, a request is let through (counted locally) and a warning logged:
+a quota store outage must not take the service down. Over quota: 429 with Retry-After and OpenAI's
+x-ratelimit-{limit,remaining,reset}-{requests,tokens} headers (on the 429 only: reading the window for
+every answer would double the limiter's cost per request). Requests without a key (open routes,
+or a gateway without keys on loopback) are not counted."""
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+import uuid
+from dataclasses import dataclass
+
+from fastapi import Request
+from limits import RateLimitItem, RateLimitItemPerMinute, RateLimitItemPerSecond
+from limits.aio.storage import MemoryStorage
+from limits.aio.strategies import MovingWindowRateLimiter
+from limits.storage import storage_from_string
+
+from gateway import errors
+from gateway.middleware.auth import KEY_SCOPE
+from gateway.keys import ApiKey
+from gateway.schemas.completions import DEFAULT_MAX_TOKENS
+from gateway.settings import Settings
+
+log = logging.getLogger("gateway.quotas")
+
+
+def reset_text(seconds: float) -> str:
+    """OpenAI's reset format: "1s", "250ms", "1m30s"."""
+    if seconds < 1:
+        return f"{max(1, round(seconds * 1000))}ms"
+    minutes, secs = divmod(math.ceil(seconds), 60)
+    return f"{minutes}m{secs}s" if minutes else f"{secs}s"
+
+
+def storage_uri(uri: str) -> str:
+    return uri if uri.startswith("async+") else "async+" + uri
+
+
+SWEEP_S = 0.5  # the in-process storage drops expired entries at most this often
+
+
+class SweptMemoryStorage(MemoryStorage):
+    """`limits`' in-process async storage, its sweep of expired entries run at most every SWEEP_S.
+
+    The library starts a sweep task on every hit, and the sweep hands each key's moving-window list to a
+    thread (`asyncio.to_thread`). Measured here: ~25 us of CPU per hit in a busy loop and ~120 us at c32's
+    pace, against ~4 and ~35 us with the sweep throttled: most of what keys cost under load
+    (bench/bench_security.py). Counting is unchanged: a hit reads only the entry at `limit - 1`, newest
+    first, so entries past it are never read; between sweeps a key holds at most the hits admitted in
+    its window plus SWEEP_S. The hook is the library's private `__schedule_expiry` (limits 5.x, pinned
+    in requirements.txt); tests/test_security_unit.py fails should a release rename it."""
+
+    _next_sweep = 0.0
+
+    async def _MemoryStorage__schedule_expiry(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_sweep:
+            self._next_sweep = now + SWEEP_S
+            await super()._MemoryStorage__schedule_expiry()
+
+
+def rate_storage(uri: str):
+    """`limits`' async storage; for Redis through redis-py (what gateway/registry/ uses; limits' default
+    client, coredis, is not installed)."""
+    uri = storage_uri(uri)
+    if uri.startswith(("async+redis://", "async+rediss://", "async+unix://")):
+        return storage_from_string(uri, implementation="redispy", key_prefix="triton-pipelines-quota")
+    if uri in ("async+memory://", "async+memory:///"):
+        return SweptMemoryStorage()
+    return storage_from_string(uri)
+
+
+# KEYS[1]: the key's set of requests in flight. ARGV: now, expiry of this entry, limit, entry.
+# Returns the count before this request when admitted, -1 - count when over the limit.
+ACQUIRE = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+local n = redis.call('ZCARD', KEYS[1])
+if n >= tonumber(ARGV[3]) then return -1 - n end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[4])
+redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2]) - tonumber(ARGV[1])) + 1)
+return n
+"""
+
+
+class LocalConcurrency:
+    """Requests in flight per key, in this process."""
+
+    def __init__(self):
+        self.active: dict[str, int] = {}
+
+    async def acquire(self, key_id: str, limit: int) -> tuple[bool, int, object]:
+        """(admitted, requests in flight before this one, a ticket for release)."""
+        active = self.active.get(key_id, 0)
+        if active >= limit:
+            return False, active, None
+        self.active[key_id] = active + 1
+        return True, active, key_id
+
+    async def release(self, ticket) -> None:
+        self.active[ticket] -= 1
+
+
+class RedisConcurrency:
+    """Requests in flight per key across replicas (REDIS_URL): one sorted set per key, entries expiring."""
+
+    def __init__(self, url: str, prefix: str, expire_s: float):
+        import redis.asyncio as aioredis  # only with REDIS_URL
+
+        self.redis = aioredis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        self.script = self.redis.register_script(ACQUIRE)
+        self.prefix, self.expire_s = prefix + "inflight:", expire_s
+        self.local = LocalConcurrency()  # while Redis does not answer
+        self._ids = itertools.count()
+        self._me = uuid.uuid4().hex[:12]
+        self._warned = 0.0
+
+    async def acquire(self, key_id: str, limit: int) -> tuple[bool, int, object]:
+        entry, now = f"{self._me}:{next(self._ids)}", time.time()
+        try:
+            n = await self.script(keys=[self.prefix + key_id], args=[now, now + self.expire_s, limit, entry])
+        except Exception as exc:  # noqa: BLE001 - fail open, counted locally (see the module docstring)
+            self._warn(exc)
+            return await self.local.acquire(key_id, limit)
+        return (True, n, (key_id, entry)) if n >= 0 else (False, -1 - n, None)
+
+    async def release(self, ticket) -> None:
+        if isinstance(ticket, str):  # admitted by the local fallback
+            return await self.local.release(ticket)
+        try:
+            await self.redis.zrem(self.prefix + ticket[0], ticket[1])
+        except Exception as exc:  # noqa: BLE001 - the entry expires by itself
+            self._warn(exc)
+
+    def _warn(self, exc: Exception) -> None:
+        if time.monotonic() - self._warned > 10:
+            self._warned = time.monotonic()
+            log.warning("quota store (Redis) unreachable: %s; requests are counted per replica meanwhile", exc)
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+
+@dataclass(frozen=True)
+class Window:
+    """One rate window of one key: the `limits` item, the identifier its headers are read by, and the
+    storage key, built once per key (`limits` would rebuild the key string on every hit)."""
+    item: RateLimitItem
+    namespace: str
+    storage_key: str
+    kind: str  # "requests" or "tokens": the x-ratelimit-*-<kind> headers
+
+
+@dataclass(frozen=True)
+class KeyQuota:
+    """What the Quotas middleware checks for a key: its concurrency limit (0: none) and its requests
+    per second window (None: none)."""
+    concurrency: int
+    requests: Window | None
+
+
+class QuotaBook:
+    """The limiter and the limits of each key (its own from the keys file, else the defaults)."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.limiter = MovingWindowRateLimiter(rate_storage(settings.quota_storage))
+        self.concurrency = (RedisConcurrency(settings.redis_url, settings.redis_prefix, settings.request_timeout_s)
+                            if settings.redis_url else LocalConcurrency())
+        self._windows: dict[tuple[str, str, int, str], Window] = {}
+        self._quotas: dict[str, KeyQuota] = {}  # by key id; the keys file is read once, at start
+        self._warned = 0.0
+
+    async def close(self) -> None:
+        if isinstance(self.concurrency, RedisConcurrency):
+            await self.concurrency.close()
+
+    def limit(self, key: ApiKey, name: str) -> int:
+        return key.limits.get(name, getattr(self.settings, f"quota_{name}"))
+
+    def window(self, key: ApiKey, per: str, amount: int, kind: str) -> Window:
+        found = self._windows.get((key.key_id, per, amount, kind))
+        if found is None:
+            item = (RateLimitItemPerSecond if per == "second" else RateLimitItemPerMinute)(amount)
+            namespace = f"{kind}:{key.key_id}"
+            found = self._windows[(key.key_id, per, amount, kind)] = Window(item, namespace, item.key_for(namespace),
+                                                                             kind)
+        return found
+
+    def quota(self, key: ApiKey) -> KeyQuota:
+        found = self._quotas.get(key.key_id)
+        if found is None:
+            rps = self.limit(key, "requests_per_second")
+            found = self._quotas[key.key_id] = KeyQuota(self.limit(key, "concurrency"),
+                                                        self.window(key, "second", rps, "requests") if rps else None)
+        return found
+
+    async def hit(self, key: ApiKey, per: str, amount: int, kind: str, cost: int = 1) -> tuple[bool, dict[str, str]]:
+        return await self.take(self.window(key, per, amount, kind), cost)
+
+    async def take(self, window: Window, cost: int = 1) -> tuple[bool, dict[str, str]]:
+        """(allowed, headers). What the limiter's `hit` does (one moving-window entry in the storage), with
+        the key string built once. The window's state (one more storage call) is read for a refusal only:
+        the headers go on 429s, which keeps an allowed request at one call to the storage."""
+        item = window.item
+        try:
+            if await self.limiter.storage.acquire_entry(window.storage_key, item.amount, item.get_expiry(), cost):
+                return True, {}
+        except Exception as exc:  # noqa: BLE001 - the store is down: fail open (module docstring)
+            if time.monotonic() - self._warned > 10:
+                self._warned = time.monotonic()
+                log.warning("quota store %s unreachable: %s; rates are not limited meanwhile",
+                            self.settings.quota_storage.split("@")[-1], exc)
+            return True, {}
+        stats = await self.limiter.get_window_stats(item, window.namespace)
+        wait, kind = max(0.0, stats.reset_time - time.time()), window.kind
+        return False, {f"x-ratelimit-limit-{kind}": str(item.amount),
+                       f"x-ratelimit-remaining-{kind}": str(stats.remaining),
+                       f"x-ratelimit-reset-{kind}": reset_text(wait), "Retry-After": str(max(1, math.ceil(wait)))}
+
+    async def charge_tokens(self, request: Request) -> None:
+        """Dependency of POST /v1/completions (app.py): the request's token budget against the key's tokens/min."""
+        key: ApiKey | None = request.scope.get(KEY_SCOPE)
+        tpm = self.limit(key, "tokens_per_minute") if key is not None else 0
+        if not tpm:
+            return
+        try:
+            body = await request.json()
+        except (ValueError, RecursionError):
+            return  # the route answers 400
+        cost = completion_budget(body)
+        allowed, headers = await self.hit(key, "minute", tpm, "tokens", cost)
+        if not allowed:
+            log.info("429 key %s: %d tokens over %d tokens/min", key.key_id, cost, tpm)
+            raise errors.TooManyRequests(f"key '{key.key_id}' is over its limit of {tpm} tokens per minute "
+                                         f"(this request may use {cost}: max_tokens x n x prompts)", headers,
+                                         code="rate_limit_exceeded")
+
+
+class Quotas:
+    """Requests per second and concurrency per key."""
+
+    def __init__(self, app, book: QuotaBook):
+        self.app, self.book = app, book
+
+    async def __call__(self, scope, receive, send):
+        key: ApiKey | None = scope.get(KEY_SCOPE) if scope["type"] == "http" else None
+        if key is None:
+            return await self.app(scope, receive, send)
+        book = self.book
+        quota = book.quota(key)
+        # concurrency first: a request refused for it must not use up one of the key's requests per second
+        ticket = None
+        if quota.concurrency:
+            admitted, active, ticket = await book.concurrency.acquire(key.key_id, quota.concurrency)
+            if not admitted:
+                log.info("429 key %s: %d requests in flight", key.key_id, active)
+                return await errors.send(send, errors.TooManyRequests(
+                    f"key '{key.key_id}' has {active} requests in flight, its limit", {"Retry-After": "1"},
+                    code="concurrency_limit_exceeded"))
+        try:
+            if quota.requests is not None:
+                allowed, headers = await book.take(quota.requests)
+                if not allowed:
+                    rps = quota.requests.item.amount
+                    log.info("429 key %s: over %d requests/s", key.key_id, rps)
+                    return await errors.send(send, errors.TooManyRequests(
+                        f"key '{key.key_id}' is over its limit of {rps} requests per second", headers,
+                        code="rate_limit_exceeded"))
+            await self.app(scope, receive, send)
+        finally:
+            if ticket is not None:
+                await book.concurrency.release(ticket)
+
+
+def completion_budget(body) -> int:
+    """Tokens a completion request may generate: max_tokens x n x prompts (as OpenAI counts a request
+    against its tokens-per-minute limit before it runs). Malformed fields count 1: validation refuses them."""
+    if not isinstance(body, dict):
+        return 1
+    def number(value, default):
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+    prompt = body.get("prompt")
+    prompts = len(prompt) if isinstance(prompt, list) and prompt else 1
+    max_tokens = number(body.get("max_tokens"), DEFAULT_MAX_TOKENS if "max_tokens" not in body else 1)
+    return max_tokens * number(body.get("n"), 1) * prompts

@@ -1,0 +1,2 @@
+"""The HTTP server process around the app (`python -m gateway`): uvicorn with the connection bounds it
+lacks (http_protocol.py) and a drain on SIGTERM (draining.py)."""
