@@ -10,6 +10,7 @@ export MODEL_PROFILE HOST HTTP_PORT GRPC_PORT METRICS_PORT
 
 .PHONY: setup model train-demo triton test unit bench soak sweep triton-docker clean deploy-check docs fuzz cluster cluster-rolling
 
+# GPU=1 (make setup GPU=1): the CUDA builds of torch and ONNX Runtime (requirements-gpu.txt) instead of the CPU ones
 setup:
 	@bash launcher/setup.sh
 

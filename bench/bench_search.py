@@ -7,11 +7,17 @@
    brute-force Python; the count reached is reported); the Faiss stores are then reopened from disk (log
    replay); then search at concurrency 1 and 16 (threads, closed loop): p50/p95 ms, searches/s,
    recall@10 against exact search.
-2. Gateway: 1,000 generated images indexed through POST /collections/NAME/points with the demo CLIP
+2. Filtered search (issue 43 item 12), Faiss approximate at 100,000 and 1,000,000 points (64-d, the
+   issue's case; payloads {"tag": one of 1,000, "half": 0 or 1}): p50/p95 and searches/s of an
+   unfiltered search, of a selective filter (0.1% of the points) and an unselective one (50%), and of the
+   scan of every payload that a filter cost before (the reference), with rows examined per search and
+   recall@10 against that reference.
+3. Gateway: 1,000 generated images indexed through POST /collections/NAME/points with the demo CLIP
    (images/s, Triton embedding included), then POST .../search by vector and by image at concurrency 1
    and 16 over HTTP (bench/http_load.py).
 
     python bench/bench_search.py [--vectors 100000] [--images 1000] [--window 5] [--quick]
+    python bench/bench_search.py --only-filtered [--filtered-sizes 100000,1000000] [--filtered-dim 64]
 As a `make bench` entry (`bench/suite.py --only search`) it starts its own tritonserver for part 2
 (the gateway's generated models live in a DATA_DIR that server must serve).
 """
@@ -36,7 +42,7 @@ from perf import format_report  # noqa: E402
 from search import demo_image, encode  # noqa: E402
 
 from gateway.search.faiss_store import FaissStore  # noqa: E402
-from gateway.search.stores import normalize_rows  # noqa: E402
+from gateway.search.stores import matches, normalize_rows  # noqa: E402
 
 MODELS: list[str] = []  # part 2 starts its own server (generated models)
 DIM = 512
@@ -136,6 +142,56 @@ def bench_stores(n: int, window: float, qdrant_budget: float, folder: Path) -> N
     print(flush=True)
 
 
+def scan_search(store: FaissStore, query: np.ndarray, limit: int, filter: dict):
+    """What a filtered search did before the payload index: read every payload, score the matching rows."""
+    with store._lock.read():
+        rows = [store.row_of[i] for i, p in store.payloads.items() if matches(p, filter)]
+        return store._exact(normalize_rows(query), limit, rows)
+
+
+def bench_filtered(sizes: list[int], dim: int, window: float, folder: Path) -> None:
+    rows = []
+    for n in sizes:
+        rng = np.random.default_rng(0)
+        store = FaissStore(folder / f"filtered-{n}", dim, ann_threshold=20_000)  # the gateway's default
+        start = time.perf_counter()
+        for lo in range(0, n, 50_000):
+            count = min(n, lo + 50_000) - lo
+            vectors = normalize_rows(rng.standard_normal((count, dim), dtype=np.float32))
+            store.upsert([f"v{i}" for i in range(lo, lo + count)], vectors,
+                         [{"tag": f"t{i % 1000}", "half": i % 2} for i in range(lo, lo + count)])
+        print(f"filtered: n={n} dim={dim} ingested in {time.perf_counter() - start:.1f}s "
+              f"(approximate index: {store.approximate})", flush=True)
+        queries = random_vectors(100, 1)[:, :dim]
+        cases = [("unfiltered", None, lambda q, s=store: s.search(q, 10)),
+                 ("tag (0.1%)", {"tag": "t7"}, lambda q, s=store: s.search(q, 10, {"tag": "t7"})),
+                 ("half (50%)", {"half": 1}, lambda q, s=store: s.search(q, 10, {"half": 1})),
+                 ("tag, before (scan)", {"tag": "t7"}, lambda q, s=store: scan_search(s, q, 10, {"tag": "t7"})),
+                 ("half, before (scan)", {"half": 1}, lambda q, s=store: scan_search(s, q, 10, {"half": 1}))]
+        for label, filter, search in cases:
+            scan = "before" in label
+            recall, examined = 1.0, float(n if scan else 0)  # the scan reads every payload: exact
+            if not scan:  # recall against brute force over the (matching) points
+                truth = [{h.id for h in (scan_search(store, q, 10, filter) if filter else store.exact_search(q, 10))}
+                         for q in queries[:20]]
+                before = store.examined
+                recall = recall_at_10(search, queries[:20], truth)
+                examined = (store.examined - before) / 20
+            for concurrency in (1, 16):
+                lat, rate = closed_loop(search, queries, concurrency, window)
+                p50, p95 = (np.percentile(lat, p) * 1e3 for p in (50, 95))
+                rows.append((n, label, concurrency, p50, p95, rate, examined, recall))
+                print(f"filtered: n={n:7d} {label:20s} c={concurrency:2d} p50 {p50:8.2f} ms p95 {p95:8.2f} ms "
+                      f"{rate:8.1f} searches/s rows examined/search {examined:9.0f} recall@10 {recall:.3f}", flush=True)
+        store.close()
+    print(f"\nsummary (filtered search, Faiss approximate, {dim}-d random normalized vectors, limit 10):")
+    print("  points  | search               | conc | p50 ms | p95 ms | searches/s | rows examined | recall@10")
+    for n, label, concurrency, p50, p95, rate, examined, recall in rows:
+        print(f"  {n:7d} | {label:20s} | {concurrency:4d} | {p50:6.2f} | {p95:6.2f} | {rate:10.1f} | "
+              f"{examined:13.0f} | {recall:.3f}")
+    print(flush=True)
+
+
 def bench_gateway(images: int, window: float, warmup: float) -> None:
     import httpx
 
@@ -189,6 +245,8 @@ def bench_gateway(images: int, window: float, warmup: float) -> None:
 def run(ctx) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         bench_stores(20_000 if ctx.quick else 100_000, min(ctx.window, 5.0), 30 if ctx.quick else 120, Path(tmp))
+    with tempfile.TemporaryDirectory() as tmp:
+        bench_filtered([20_000, 100_000] if ctx.quick else [100_000, 1_000_000], 64, min(ctx.window, 3.0), Path(tmp))
     bench_gateway(200 if ctx.quick else 1000, min(ctx.window, 5.0), ctx.warmup)
 
 
@@ -200,12 +258,23 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--qdrant-budget", type=float, default=120.0, help="seconds of Qdrant ingest at most")
     parser.add_argument("--skip-gateway", action="store_true")
+    parser.add_argument("--filtered-sizes", default="100000,1000000", help="points of the filtered-search part")
+    parser.add_argument("--filtered-dim", type=int, default=64)
+    parser.add_argument("--only-filtered", action="store_true", help="the filtered-search part alone")
     parser.add_argument("--quick", action="store_true", help="20k vectors, 200 images, 2 s windows")
     args = parser.parse_args()
     if args.quick:
         args.vectors, args.images, args.window, args.warmup, args.qdrant_budget = 20_000, 200, 2.0, 0.5, 30
+        args.filtered_sizes = "20000,100000"
+    sizes = [int(n) for n in args.filtered_sizes.split(",") if n.strip()]
+    if args.only_filtered:
+        with tempfile.TemporaryDirectory() as tmp:
+            bench_filtered(sizes, args.filtered_dim, args.window, Path(tmp))
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         bench_stores(args.vectors, args.window, args.qdrant_budget, Path(tmp))
+    with tempfile.TemporaryDirectory() as tmp:
+        bench_filtered(sizes, args.filtered_dim, args.window, Path(tmp))
     if not args.skip_gateway:
         bench_gateway(args.images, args.window, args.warmup)
     return 0

@@ -148,7 +148,7 @@ class TreeGateway(GatewayProcess):
         out = open(self.log_file, "ab") if self.log_file else None
         self.process = subprocess.Popen([sys.executable, "-m", "gateway"], cwd=self.tree, env=self.env,
                                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        self.wait_up(timeout)
+        self.wait_ready(timeout)
         return self
 
 
@@ -300,15 +300,34 @@ def report(points: list[dict], names: list[str], levels, header: str, cosines: d
     return "\n".join(lines)
 
 
+def start_receiver(out_dir: Path) -> tuple[subprocess.Popen, str]:
+    """bench/otlp_receiver.py in a process of its own (its decoding is not the load generator's CPU)."""
+    url_file = out_dir / "otlp_receiver.url"
+    url_file.unlink(missing_ok=True)
+    process = subprocess.Popen([sys.executable, str(ROOT / "bench" / "otlp_receiver.py"), "--port-file", str(url_file)],
+                               cwd=ROOT)
+    deadline = time.monotonic() + 30
+    while not url_file.exists() or not url_file.read_text():
+        if time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError("the OTLP receiver did not start")
+        time.sleep(0.1)
+    return process, url_file.read_text()
+
+
 def compare(out_dir: Path, window: float, warmup: float, rounds: int, levels=LEVELS, peers: bool = True,
-            baseline_tree: Path | None = None, only: list[str] | None = None) -> str:
-    """Runs the whole comparison (own tritonserver, gateways, peers); returns the report's markdown section."""
+            baseline_tree: Path | None = None, only: list[str] | None = None, traced: bool = False) -> str:
+    """Runs the whole comparison (own tritonserver, gateways, peers); returns the report's markdown section.
+    `traced`: also a gateway tracing every request (OTEL_TRACES_SAMPLER=always_on) to an OTLP receiver, with
+    Triton tracing what it sends (the cost a user pays with tracing on; the other gateways send no context)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     texts = corpus()
     contenders: list[Contender] = []
     skipped: dict[str, str] = {}
+    receiver, traces_url = start_receiver(out_dir) if traced else (None, None)
     server = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          explicit_models=["text_embedding"], log_file=out_dir / "compare_tritonserver.log")
+                          explicit_models=["text_embedding"], log_file=out_dir / "compare_tritonserver.log",
+                          traces_url=traces_url)
     gateways = []
     try:
         server.start(timeout=600)
@@ -325,6 +344,14 @@ def compare(out_dir: Path, window: float, warmup: float, rounds: int, levels=LEV
             gateways.append(base)
             contenders.append(Contender(f"{GATEWAY} (baseline)", f"{base.url}/v1/embeddings", MODEL_ID,
                                         pids=[base.process.pid]))
+        if traced:
+            env = {"PRELOAD_MODELS": "", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": traces_url,
+                   "OTEL_TRACES_SAMPLER": "always_on"}
+            on = GatewayProcess(server.grpc_url, port=free_port(), data_dir=out_dir / "compare_traced_data", env=env,
+                                log_file=out_dir / "compare_gateway_traced.log").start(timeout=180)
+            gateways.append(on)
+            contenders.append(Contender(f"{GATEWAY} (traced 100%)", f"{on.url}/v1/embeddings", MODEL_ID,
+                                        pids=[on.process.pid]))
         for name, (command, cwd, path) in (peer_commands().items() if peers else ()):
             if only and name not in only:
                 continue
@@ -359,6 +386,9 @@ def compare(out_dir: Path, window: float, warmup: float, rounds: int, levels=LEV
         for g in gateways:
             g.stop()
         server.stop()
+        if receiver is not None:
+            receiver.kill()
+            receiver.wait()
     header = (f"{datetime.datetime.now():%Y-%m-%d %H:%M}, {os.cpu_count()} cores shared with other work: window "
               f"{window:g} s per point (warm-up {warmup:g} s), {rounds} rounds per point in ABAB order (contenders "
               "reversed every other round), means shown with each round's req/s. One text per request, the same "
@@ -380,10 +410,11 @@ def main() -> int:
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--peers", nargs="*", help="only these peers (names as in the report)")
     parser.add_argument("--baseline-tree", type=Path, help="also a gateway run from this source tree (A/B)")
+    parser.add_argument("--traced", action="store_true", help="also a gateway tracing every request (OTLP)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-results" / datetime.date.today().isoformat())
     args = parser.parse_args()
     section = compare(args.out, args.window, args.warmup, args.rounds, tuple(args.levels), not args.no_peers,
-                      args.baseline_tree, args.peers)
+                      args.baseline_tree, args.peers, args.traced)
     path = args.out / "embeddings-compare.md"
     path.write_text(section + "\n")
     print(section)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import random
 import sys
 import tempfile
@@ -115,6 +116,24 @@ async def hammer(base: str, seconds: float, concurrency: int, kinds=KINDS) -> di
     return counts
 
 
+@contextlib.contextmanager
+def keyed_stack(tmp: Path, logs: Path, key_lines: str, env: dict[str, str] | None = None):
+    """A Triton serving text_embedding and a gateway in front of it with the keys of `key_lines` (logs
+    in `logs`): yields the started GatewayProcess, stops both."""
+    logs.mkdir(parents=True, exist_ok=True)
+    keys = tmp / "keys"
+    keys.write_text(key_lines)
+    with TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                      explicit_models=["text_embedding"], log_file=logs / "tritonserver.log",
+                      extra_repositories=[tmp / "data" / "triton_models"]) as server:
+        gateway = GatewayProcess(server.grpc_url, port=free_port(), data_dir=tmp / "data",
+                                 log_file=logs / "gateway.log", env={"GATEWAY_API_KEYS_FILE": str(keys), **(env or {})})
+        try:
+            yield gateway.start(timeout=180)
+        finally:
+            gateway.stop()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=30.0)
@@ -127,21 +146,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="stress-security-") as tmp:
         tmp = Path(tmp)
         logs = args.log_dir or tmp
-        logs.mkdir(parents=True, exist_ok=True)
-        keys = tmp / "keys"
-        keys.write_text(key_line(KEYS["main"], "main", "inference", rps=100_000, concurrency=256)
-                        + key_line(KEYS["tight"], "tight", "inference", rps=20, concurrency=2)
-                        + key_line(KEYS["admin"], "admin", "admin"))
-        with TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          explicit_models=["text_embedding"], log_file=logs / "tritonserver.log",
-                          extra_repositories=[tmp / "data" / "triton_models"]) as server:
-            gateway = GatewayProcess(server.grpc_url, port=free_port(), data_dir=tmp / "data",
-                                     log_file=logs / "gateway.log", env={"GATEWAY_API_KEYS_FILE": str(keys)})
-            try:
-                gateway.start(timeout=180)
-                counts = asyncio.run(hammer(gateway.url, args.seconds, args.concurrency, args.kinds.split(",")))
-            finally:
-                gateway.stop()
+        key_lines = (key_line(KEYS["main"], "main", "inference", rps=100_000, concurrency=256)
+                     + key_line(KEYS["tight"], "tight", "inference", rps=20, concurrency=2)
+                     + key_line(KEYS["admin"], "admin", "admin"))
+        with keyed_stack(tmp, logs, key_lines) as gateway:
+            counts = asyncio.run(hammer(gateway.url, args.seconds, args.concurrency, args.kinds.split(",")))
         log = (logs / "gateway.log").read_text(errors="replace")
     bad = 0
     for kind, counter in counts.items():

@@ -13,6 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from build import instruction_set  # noqa: E402
 from build.common import PROFILES, RETRAIN_ENV, trained, use_repository  # noqa: E402
 
 PIPELINES = ["text_embedding", "ner", "codegen", "food_captioning", "embedding_demo"]
@@ -54,6 +55,7 @@ def main() -> int:
     parser.add_argument("--repository", type=Path, help="build into this folder instead of model_repository/")
     parser.add_argument("pipelines", nargs="*", default=PIPELINES, help=f"any of {PIPELINES}")
     args = parser.parse_args()
+    instruction_set.pin()  # before anything imports torch; the training workers inherit it
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args.profile == "demo":
         os.environ.setdefault("HF_HUB_OFFLINE", "1")

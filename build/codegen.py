@@ -8,6 +8,9 @@ hub: moyix/codegen-350M-mono-gptj with the Salesforce/codegen-350M-mono tokenize
 
 CODEGEN_DEMO_SIZE=350m gives the demo GPT-J codegen-350M-mono-gptj's architecture (random weights,
 same tokenizer): what `make bench` measures the pipeline's overhead against.
+
+Both profiles and sizes also get the GPT-J as OpenVINO IR in codegen_generator/1/openvino/ (the generator's CPU
+engine; build/openvino_export.py): fp32 weights, or CODEGEN_WEIGHTS=int8 / int4.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import os
 import sysconfig
 from pathlib import Path
 
+from build import openvino_export
 from build.common import Progress, seed_everything, trained, version_dir
 
 HUB_MODEL = "moyix/codegen-350M-mono-gptj"
@@ -93,8 +97,9 @@ def hub_tokenizer_and_model():
 
 
 def build(profile: str) -> None:
-    progress = Progress("codegen", 3)
+    progress = Progress("codegen", 4)
     label = "hub profile" if profile == "hub" else f"demo profile, {demo_size()} GPT-J"
+    weights = openvino_export.weight_format()  # refused before anything is built
     with progress.step(f"tokenizer + GPT-J ({label})"):
         if profile == "hub":
             tokenizer, model = hub_tokenizer_and_model()
@@ -113,6 +118,9 @@ def build(profile: str) -> None:
         dest = version_dir("codegen_generator")
         model.save_pretrained(dest, safe_serialization=True)
         tokenizer.save_pretrained(dest)
+    del model  # the export reads the saved weights in a process of its own
+    with progress.step(f"OpenVINO IR ({weights} weights) -> codegen_generator/1/{openvino_export.IR_FOLDER}/"):
+        openvino_export.export(dest, dest / openvino_export.IR_FOLDER, weights)
     with progress.step("tokenizer.json (+ config.json for the limits) -> codegen_preprocess, codegen_postprocess, "
                        "codegen_stream"):
         for stage, files in (("codegen_preprocess", ("tokenizer.json", "config.json")),

@@ -11,6 +11,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from build import instruction_set
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPOSITORY = ROOT / "model_repository"
 PROFILES = ("demo", "hub")
@@ -18,6 +20,8 @@ PROFILES = ("demo", "hub")
 TRAINED_DIR = ROOT / ".artifacts" / "trained"
 RETRAIN_ENV = "DEMO_RETRAIN"  # set (as `make train-demo` does) to train again even when the stamp matches
 _output = {"repository": MODEL_REPOSITORY}
+# how every demo model is trained (seeds, threads, instruction set): part of each one's stamp
+TRAINING_SETUP = [Path(__file__), Path(instruction_set.__file__)]
 
 
 def use_repository(path: Path) -> None:
@@ -94,7 +98,8 @@ class Progress:
 @contextmanager
 def single_thread():
     """One torch thread: float sums then run in one order, so training gives the same bytes on every run
-    and every machine (more threads split reductions differently)."""
+    whatever the machine's core count (more threads split reductions differently); the same bytes on
+    every CPU also need build/instruction_set.py."""
     import torch
 
     before = torch.get_num_threads()
@@ -106,11 +111,11 @@ def single_thread():
 
 
 def training_stamp(sources) -> str:
-    """What a trained model depends on: its training code (and the data generators it imports) and the
-    versions of the libraries doing the arithmetic."""
+    """What a trained model depends on: its training code (and the data generators it imports), the
+    versions of the libraries doing the arithmetic and the instruction set they are held to."""
     from importlib.metadata import PackageNotFoundError, version
 
-    h = hashlib.sha256()
+    h = hashlib.sha256(instruction_set.in_effect().encode())
     for path in sorted(Path(p).resolve() for p in sources):
         h.update(path.name.encode())
         h.update(path.read_bytes())
@@ -126,14 +131,15 @@ def trained_is_current(module) -> bool:
     """Whether a build/train_*.py module's model is trained with its current code (and no retrain asked)."""
     stamp_file = TRAINED_DIR / module.NAME / ".stamp"
     return (not os.environ.get(RETRAIN_ENV) and stamp_file.exists()
-            and stamp_file.read_text() == training_stamp(list(module.SOURCES) + [Path(__file__)]))
+            and stamp_file.read_text() == training_stamp(list(module.SOURCES) + TRAINING_SETUP))
 
 
 def trained(name: str, train, sources) -> Path:
-    """.artifacts/trained/<name>/, filled by train(folder) on one thread with fixed seeds, or reused
-    as it is when the stamp of `sources` is the one it was trained with (and DEMO_RETRAIN is unset)."""
+    """.artifacts/trained/<name>/, filled by train(folder) on one thread with fixed seeds and oneDNN
+    off (build/instruction_set.py), or reused as it is when the stamp of `sources` is the one it was
+    trained with (and DEMO_RETRAIN is unset)."""
     dest = TRAINED_DIR / name
-    stamp = training_stamp(list(sources) + [Path(__file__)])
+    stamp = training_stamp(list(sources) + TRAINING_SETUP)
     stamp_file = dest / ".stamp"
     if not os.environ.get(RETRAIN_ENV) and stamp_file.exists() and stamp_file.read_text() == stamp:
         print(f"  {name}: trained model reused (training code unchanged; {RETRAIN_ENV}=1 trains again)", flush=True)
@@ -143,7 +149,7 @@ def trained(name: str, train, sources) -> Path:
         shutil.rmtree(work)
     work.mkdir(parents=True)
     start = time.monotonic()
-    with single_thread():
+    with single_thread(), instruction_set.without_onednn():
         train(work)
     stamp_file = work / ".stamp"
     stamp_file.write_text(stamp)

@@ -34,7 +34,8 @@ def train(dest: Path, sentences: int = SENTENCES, epochs: int = EPOCHS) -> None:
         for i in range(0, len(data), 64):
             tagger.embeddings.embed(data[i:i + 64])
     standardize_inputs(tagger, data)
-    optimizer = torch.optim.Adam(trainable, lr=LR)
+    # fused: the square roots are torch's own, not MKL's vector math (build/instruction_set.py)
+    optimizer = torch.optim.Adam(trainable, lr=LR, fused=True)
     batches = (len(data) + BATCH - 1) // BATCH
     log = TrainLog("ner tagger", epochs * batches)
     generator = torch.Generator().manual_seed(SEED)

@@ -16,11 +16,15 @@ def main() -> None:
     configure_logging()
     settings = Settings.from_env()
     app = create_app(settings)
-    # loop "auto": uvloop where installed; http: httptools (requirements.txt) with the header bounds of
-    # gateway/server/http_protocol.py. Connection bounds: docs/security.md. The drain has already waited for
-    # requests in flight: uvicorn's own wait is a short backstop
+    # loop "auto": uvloop where installed; http: httptools (requirements.txt) with the header bounds and the
+    # per-address connection cap of gateway/server/http_protocol.py. Connection bounds: docs/security.md. The
+    # drain has already waited for requests in flight: uvicorn's own wait is a short backstop. No
+    # X-Forwarded-For (uvicorn believes it from 127.0.0.1 by default, so any local client, or any client
+    # through a local proxy that passes the header on, could pick its address): a client's address is its
+    # connection's, or what a PROXY header from TRUSTED_PROXIES says (gateway/server/proxy_protocol.py)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=5, loop="auto", http=bounded_protocol(settings),
+                            proxy_headers=False,
                             timeout_keep_alive=settings.keep_alive_s, limit_concurrency=settings.max_connections)
     DrainingServer(config, app.state.admission).run()
 

@@ -5,7 +5,6 @@ through gateway/dependencies.py."""
 from __future__ import annotations
 
 import inspect
-import logging
 import os
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -19,12 +18,18 @@ from gateway.registry import make_registry
 from gateway.routers import collections, completions, embeddings, health, models, pipelines, seed
 from gateway.search.collections import Collections
 from gateway.settings import Settings
+from gateway.telemetry.config import TelemetryOptions
+from gateway.telemetry.log_format import configure_logging  # noqa: F401 - `python -m gateway` calls it from here
 from gateway.triton.engine import TritonEngine
 from gateway.triton.server_watch import ServerWatch
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, telemetry: TelemetryOptions | None = None,
+               tracer_provider=None) -> FastAPI:
+    """`telemetry` defaults to the environment's (gateway/telemetry/config.py); `tracer_provider` to one
+    exporting to its OTLP endpoint when tracing is on (tests pass their own)."""
     settings = settings or Settings.from_env()
+    telemetry = telemetry or TelemetryOptions.from_env()
     ring = check_exposure(settings)  # the keys, or None: open on loopback (an open non-loopback HOST is refused)
 
     @asynccontextmanager
@@ -42,6 +47,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             app.state.collections = Collections(settings)
             stack.callback(app.state.collections.close)
             app.state.collections.start()
+            if app.state.tracer_provider is not None:  # the spans still queued are sent before the exit
+                stack.callback(app.state.tracer_provider.shutdown)
             yield
 
     app = FastAPI(title="Triton pipelines gateway", version="0.1.0", lifespan=lifespan,
@@ -50,6 +57,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                               "completions, image search, named entities and food photo captions, served by the "
                               "Triton server beside it. A browser page over this API is at /ui.")
     app.state.settings = settings
+    app.state.telemetry = telemetry
+    app.state.tracer_provider = tracer_provider or tracing_provider(telemetry)  # None: tracing off
     app.state.coalescers = {}  # the Coalescer of each ensemble, shared by the app's requests (gateway/embedding/)
     docs.install(app)  # /docs and /redoc with their assets from a package, not a CDN
     errors.install(app)
@@ -78,5 +87,10 @@ def native_telemetry() -> dict:
     return {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
 
 
-def configure_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def tracing_provider(telemetry: TelemetryOptions):
+    """The OpenTelemetry SDK's provider when tracing is on (the SDK is imported only then), else None."""
+    if telemetry.traces_url is None:
+        return None
+    from gateway.telemetry.setup import tracer_provider
+
+    return tracer_provider(telemetry.traces_url)

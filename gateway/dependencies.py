@@ -12,6 +12,7 @@ from fastapi import Depends, Request
 
 from gateway.embedding.embed import Embedder
 from gateway.middleware.admission import Admission
+from gateway.middleware.quotas import QuotaBook
 from gateway.registry import ModelRegistry
 from gateway.search.collections import Collections
 from gateway.settings import Settings
@@ -49,6 +50,10 @@ async def get_admission(request: Request) -> Admission | None:
     return getattr(request.app.state, "admission", None)
 
 
+async def get_quotas(request: Request) -> QuotaBook | None:
+    return getattr(request.app.state, "quotas", None)
+
+
 async def get_server_watch(request: Request) -> ServerWatch | None:
     return getattr(request.app.state, "server_watch", None)
 
@@ -66,4 +71,5 @@ CollectionsDep = Annotated[Collections, Depends(get_collections)]
 EmbedderDep = Annotated[Embedder, Depends(get_embedder)]
 AdmissionDep = Annotated[Admission | None, Depends(get_admission)]
 ServerWatchDep = Annotated[ServerWatch | None, Depends(get_server_watch)]
+QuotasDep = Annotated[QuotaBook | None, Depends(get_quotas)]
 ExtraModelIdsDep = Annotated[list[str], Depends(get_extra_model_ids)]

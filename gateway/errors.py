@@ -1,5 +1,6 @@
 """One error type per cause, mapped to its HTTP status in one place (`install`). Every error body is
-OpenAI's shape: {"error": {"message", "type", "param", "code"}}. Unexpected exceptions become a 500
+OpenAI's shape: {"error": {"message", "type", "param", "code"}}, plus "request_id" inside a request (the
+x-request-id of its response: gateway/middleware/tracing.py). Unexpected exceptions become a 500
 with an id that is in the gateway's log; no traceback or internal text reaches the client."""
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gateway.telemetry.context import REQUEST_ID
 
 log = logging.getLogger("gateway")
 
@@ -26,7 +29,12 @@ class ApiError(Exception):
         return {}
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        """OpenAI's shape, plus the request's id (also in its x-request-id header) to look the failure up."""
+        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        request_id = REQUEST_ID.get()
+        if request_id is not None:
+            error["request_id"] = request_id
+        return {"error": error}
 
 
 class BadRequest(ApiError):
@@ -182,7 +190,11 @@ def install(app: FastAPI) -> None:
     async def _http(_request: Request, exc: StarletteHTTPException):
         cls = {404: NotFound, 405: BadRequest, 413: PayloadTooLarge}.get(exc.status_code, BadRequest)
         error = cls(str(exc.detail))
-        return JSONResponse(error.body(), status_code=exc.status_code)
+        headers = dict(exc.headers or {})
+        routes = getattr(_request.app.state, "routes", None)  # gateway/middleware/policy.py's RouteTable
+        if exc.status_code == 405 and routes is not None:  # Allow: every method of the path (RFC 9110), not
+            headers["Allow"] = ", ".join(routes.allowed(_request.url.path))  # only the first route's
+        return JSONResponse(error.body(), status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):

@@ -43,6 +43,11 @@ def _words(value: str) -> tuple[str, ...]:
     return tuple(w.strip().lower() for w in value.split(",") if w.strip())
 
 
+def _optional_int(value: str | None) -> int | None:
+    """A number, or None when unset or empty (the setting's default is derived from others)."""
+    return int(value) if value and value.strip() else None
+
+
 @dataclass(frozen=True)
 class Settings:
     triton_grpc_url: str = "127.0.0.1:8001"
@@ -54,8 +59,14 @@ class Settings:
     max_loaded_models: int = 5
     preload_models: tuple[str, ...] = ()  # "clip:<name>[|pretrained]" or "st:<name>", loaded at start
     # request bounds (each refused with a 4xx naming the setting)
-    max_inputs: int = 256  # texts or images per request
+    max_inputs: int = 2048  # texts or images per request (as OpenAI), embedded in batches of the model's max batch
     max_text_bytes: int = 64 * 1024
+    # the texts of one request together: 2,048 texts of 8 KiB on average, or 256 at MAX_TEXT_BYTES; the
+    # embeddings body cap is sized from it (gateway/middleware/policy.py)
+    max_request_text_bytes: int = 16 * 1024 * 1024
+    # an input over the model's maximum sequence length: refused (400) unless the request says "truncate": true;
+    # TRUNCATE_DEFAULT=true makes truncation the default (as before: silently cut)
+    truncate_default: bool = False
     max_image_bytes: int = 20 * 1024 * 1024
     max_image_megapixels: float = 50.0
     image_url_allowlist: tuple[str, ...] = ()  # hosts `http(s)` image URLs may come from; empty: none
@@ -103,7 +114,14 @@ class Settings:
     quota_requests_per_second: int = 500  # per key, unless its line in the keys file says rps=N (0: none)
     quota_concurrency: int = 64  # requests in flight per key (concurrency=N)
     quota_tokens_per_minute: int = 200_000  # completion token budget per key (tpm=N)
-    quota_storage: str = "memory://"  # a `limits` storage URI; redis://host:6379 shares counts between replicas
+    # a `limits` storage URI; redis://host:6379 shares counts between replicas (not in the repr: it may hold
+    # REDIS_URL's password)
+    quota_storage: str = field(default="memory://", repr=False)
+    # a quota store (Redis) call over quota_store_timeout_s opens a breaker: the store is not asked again, limits
+    # are counted per replica, until a background probe every quota_store_retry_s gets an answer
+    # (gateway/middleware/store_breaker.py)
+    quota_store_timeout_s: float = 2.0
+    quota_store_retry_s: float = 5.0
     # replicas (docs/cluster.md): with REDIS_URL the registered models, the cap's LRU order and the quota
     # counters are shared through Redis; each replica reconciles its Triton every cluster_sync_s and on
     # every change, and heartbeats every cluster_heartbeat_s (gone after cluster_heartbeat_ttl_s)
@@ -118,11 +136,23 @@ class Settings:
     # request-body bytes held at once, all requests together (503 over it); gateway/middleware/body_budget.py's
     # DEFAULT_BUDGET
     body_buffer_bytes: int = 44 * 1024 * 1024
+    # of it, what one API key (without keys: one client address) may hold; None: the budget less one maximal
+    # /v1/embeddings body (gateway/middleware/body_budget.py's share_bytes)
+    body_buffer_key_bytes: int | None = None
     body_timeout_s: float = 60.0  # the whole request body must arrive within this
     header_timeout_s: float = 10.0  # a request's headers must arrive within this
     max_header_bytes: int = 16 * 1024  # request line and headers together
     keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
     max_connections: int = 1024  # open connections (and requests in progress); above: 503
+    # open connections from one client address (IPv6: its /64); above: 503 and closed at once. None: a quarter of
+    # max_connections; 0: no cap (behind a proxy that bounds its clients itself). gateway/server/http_protocol.py
+    max_connections_per_client: int | None = None
+    # without API keys: Host names (any port) served beside the loopback ones (DNS rebinding;
+    # gateway/middleware/local_origin.py)
+    allowed_hosts: tuple[str, ...] = ()
+    # addresses or networks of the proxies whose connections may begin with a PROXY protocol v2 header naming
+    # the real client (`make cluster` sets HAProxy's); empty: none. gateway/server/proxy_protocol.py
+    trusted_proxies: tuple[str, ...] = ()
     extra: dict = field(default_factory=dict)
 
     @property
@@ -164,6 +194,8 @@ class Settings:
             preload_models=tuple(m.strip() for m in get("PRELOAD_MODELS", "").split(",") if m.strip()),
             max_inputs=int(get("MAX_INPUTS", d.max_inputs)),
             max_text_bytes=int(get("MAX_TEXT_BYTES", d.max_text_bytes)),
+            max_request_text_bytes=int(get("MAX_REQUEST_TEXT_BYTES", d.max_request_text_bytes)),
+            truncate_default=_flag("TRUNCATE_DEFAULT", get("TRUNCATE_DEFAULT", "0")),
             max_image_bytes=int(get("MAX_IMAGE_BYTES", d.max_image_bytes)),
             max_image_megapixels=float(get("MAX_IMAGE_MEGAPIXELS", d.max_image_megapixels)),
             image_url_allowlist=_words(get("IMAGE_URL_ALLOWLIST", "")),
@@ -201,6 +233,8 @@ class Settings:
             quota_tokens_per_minute=int(get("QUOTA_TOKENS_PER_MINUTE", d.quota_tokens_per_minute)),
             # with REDIS_URL, one key's limits hold across replicas unless QUOTA_STORAGE says otherwise
             quota_storage=get("QUOTA_STORAGE") or get("REDIS_URL") or d.quota_storage,
+            quota_store_timeout_s=float(get("QUOTA_STORE_TIMEOUT_S", d.quota_store_timeout_s)),
+            quota_store_retry_s=float(get("QUOTA_STORE_RETRY_S", d.quota_store_retry_s)),
             redis_url=get("REDIS_URL") or None,
             redis_prefix=get("REDIS_PREFIX", d.redis_prefix),
             replica_id=get("REPLICA_ID") or d.replica_id,
@@ -209,9 +243,13 @@ class Settings:
             cluster_heartbeat_ttl_s=float(get("CLUSTER_HEARTBEAT_TTL_S", d.cluster_heartbeat_ttl_s)),
             max_body_bytes=int(get("MAX_BODY_BYTES", d.max_body_bytes)),
             body_buffer_bytes=int(get("BODY_BUFFER_BYTES", d.body_buffer_bytes)),
+            body_buffer_key_bytes=_optional_int(get("BODY_BUFFER_KEY_BYTES")),
             body_timeout_s=float(get("BODY_TIMEOUT_S", d.body_timeout_s)),
             header_timeout_s=float(get("HEADER_TIMEOUT_S", d.header_timeout_s)),
             max_header_bytes=int(get("MAX_HEADER_BYTES", d.max_header_bytes)),
             keep_alive_s=float(get("KEEP_ALIVE_S", d.keep_alive_s)),
             max_connections=int(get("MAX_CONNECTIONS", d.max_connections)),
+            max_connections_per_client=_optional_int(get("MAX_CONNECTIONS_PER_CLIENT")),
+            allowed_hosts=_words(get("ALLOWED_HOSTS", "")),
+            trusted_proxies=_words(get("TRUSTED_PROXIES", "")),
         )

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from gateway.loopback import is_loopback
+from gateway.telemetry.config import traces_url
 from launcher.cpu_notice import cpu_notice, cuda_devices
 from launcher.exposure import admin_key, gateway_keys, restricted_api_args, restriction_required, triton_host
 from launcher.gateway_process import GatewayKeeper, GatewayProcess
@@ -89,7 +90,8 @@ def main() -> int:
     # Explicit model control: the shipped pipelines load at start; only the gateway loads and unloads others.
     server = TritonServer(bind, args.http_port, args.grpc_port, args.metrics_port, extra_args=args.extra,
                           explicit_models=[m for m in args.load_models.split(",") if m] or shipped_models(), extra_repositories=[data_dir / "triton_models"],
-                          metrics_host=args.host, log_file=args.server_log or data_dir / "run" / "tritonserver.log")
+                          metrics_host=args.host, log_file=args.server_log or data_dir / "run" / "tritonserver.log",
+                          traces_url=traces_url())  # the gateway inherits the OTEL_* variables and traces the same way
     gateway_env = {}
     if "PRELOAD_MODELS" not in os.environ and (ROOT / "demo_models" / "clip-demo").is_dir():
         gateway_env["PRELOAD_MODELS"] = "clip:demo_models/clip-demo"  # the demo CLIP, next to all-MiniLM-L6-v2

@@ -14,6 +14,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from gateway.telemetry.config import TRITON_SERVICE
 from launcher.paths import BACKENDS, MODEL_REPOSITORY
 from launcher.processes import SHM_GLOB, process_group, process_tree, shm_regions_mapped
 from launcher.service import Service, answers, spawn
@@ -42,14 +43,31 @@ def server_env() -> dict[str, str]:
     return env
 
 
+def trace_args(traces_url: str | None) -> list[str]:
+    """Triton's OpenTelemetry tracing to the gateway's OTLP/HTTP endpoint (gateway/telemetry/config.py):
+    rate=0 traces no request of its own choosing, only those that carry a W3C context, i.e. the ones the
+    gateway traces and samples; TIMESTAMPS is the level OpenTelemetry mode has (the default is OFF).
+    Batching (OTEL_BSP_*) and OTEL_RESOURCE_ATTRIBUTES come from the environment, which Triton reads."""
+    if not traces_url:
+        return []
+    settings = ["mode=opentelemetry", "level=TIMESTAMPS", "rate=0", "count=-1",
+                f"opentelemetry,url={traces_url}", f"opentelemetry,resource=service.name={TRITON_SERVICE}"]
+    return [arg for setting in settings for arg in ("--trace-config", setting)]
+
+
+PYTHON_THREAD_POOL = 256  # see command()
+
+
 class TritonServer(Service):
     name, not_up, poll_s = "tritonserver", "not ready", 0.25
 
     def __init__(self, host="127.0.0.1", http_port=8000, grpc_port=8001, metrics_port=8002,
                  model_repository=MODEL_REPOSITORY, explicit_models: list[str] | None = None,
                  log_file: Path | None = None, extra_args: list[str] | None = None,
-                 extra_repositories: list[Path] | None = None, metrics_host: str | None = None):
+                 extra_repositories: list[Path] | None = None, metrics_host: str | None = None,
+                 traces_url: str | None = None):
         self.host, self.http_port, self.grpc_port, self.metrics_port = host, http_port, grpc_port, metrics_port
+        self.traces_url = traces_url  # OTLP/HTTP: Triton traces the requests that carry a W3C context
         self.metrics_host = metrics_host or host  # metrics are read-only: scrapers may reach them off loopback
         self.model_repository = Path(model_repository)
         # e.g. the gateway's generated models (DATA_DIR/triton_models): Triton serves both folders
@@ -93,11 +111,16 @@ class TritonServer(Service):
             # auto-complete on, each Python-model load first runs a throwaway stub that imports model.py:
             # 5 s of the generator's 8.5 s heal (torch import), 1.7 s of the text encoder's 2.6 s (measured).
             "--disable-auto-complete-config",
+            # each Python model instance's backend thread pool (default 32) holds a thread for every decoupled
+            # BLS call until its first response, and the front's response sends need the same pool: the calls in
+            # flight on a killed generator are never answered, which took all 32 of codegen_collect's and hung it
+            # until a reload (issue 48); this leaves room for one kill's lost calls beside a full load
+            f"--backend-config=python,thread-pool-size={PYTHON_THREAD_POOL}",
         ]
         if self.explicit_models is not None:
             cmd.append("--model-control-mode=explicit")
             cmd += [f"--load-model={m}" for m in self.explicit_models]
-        return cmd + self.extra_args
+        return cmd + trace_args(self.traces_url) + self.extra_args
 
     def launch(self, append_log: bool = False) -> None:
         """`append_log`: a restart (launcher/server_keeper.py) adds to the log instead of replacing it."""
@@ -106,7 +129,10 @@ class TritonServer(Service):
             repository.mkdir(parents=True, exist_ok=True)
         if self.log_file:
             Path(self.log_file).parent.mkdir(parents=True, exist_ok=True)
-        self.process = spawn(self.command(), self.log_file, append=append_log, env=server_env())
+        env = server_env()
+        if self.traces_url:  # the stages' own spans (stage_common/tracing.py) go where Triton's go
+            env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = self.traces_url
+        self.process = spawn(self.command(), self.log_file, append=append_log, env=env)
 
     def is_up(self) -> bool:
         return answers(f"http://{self.http_url}/v2/health/ready")

@@ -70,12 +70,12 @@ class _Canary:
                 client.close()
             raise
 
-    def alive(self) -> bool:
-        """Whether the front refuses a bad request within liveness_timeout_s (a fresh client: the canary's
-        own channel may be the stuck one)."""
+    def alive(self, timeout_s: float | None = None) -> bool:
+        """Whether the front refuses a bad request within `timeout_s` (default liveness_timeout_s; a fresh
+        client: the canary's own channel may be the stuck one)."""
         client = grpcclient.InferenceServerClient(self.grpc_url)
         try:
-            self.refused(client)
+            self.refused(client, self.liveness_timeout_s if timeout_s is None else timeout_s)
         except InferenceServerException as exc:
             return "DEADLINE" not in str(exc.status() or "") and "Deadline" not in str(exc.message())
         except (TimeoutError, queue.Empty):
@@ -87,7 +87,7 @@ class _Canary:
     def ask(self, client) -> None:
         raise NotImplementedError
 
-    def refused(self, client) -> None:
+    def refused(self, client, timeout_s: float) -> None:
         raise NotImplementedError
 
 
@@ -106,9 +106,9 @@ class StreamCanary(_Canary):
         if reason is None or reason.reshape(-1)[0].decode() not in ("stop", "length"):
             raise RuntimeError(f"{self.model}'s final response has no finish_reason")
 
-    def refused(self, client) -> None:
-        stream_call(client, self.model, request_inputs("def f():", 2, temperature=float("nan")),
-                    self.liveness_timeout_s, self.headers)
+    def refused(self, client, timeout_s: float) -> None:
+        stream_call(client, self.model, request_inputs("def f():", 2, temperature=float("nan")), timeout_s,
+                    self.headers)
 
 
 def _collect_inputs(ids: list[int], length: int) -> list[grpcclient.InferInput]:
@@ -132,10 +132,9 @@ class UnaryCanary(_Canary):
         if reason is None or reason.reshape(-1)[0].decode() not in ("stop", "length"):
             raise RuntimeError(f"{self.model}'s answer has no finish_reason")
 
-    def refused(self, client) -> None:
+    def refused(self, client, timeout_s: float) -> None:
         # an id outside the vocabulary: refused by the generator's check before any row (INVALID_ARGUMENT)
-        client.infer(self.model, _collect_inputs([999_999], 1), client_timeout=self.liveness_timeout_s,
-                     headers=self.headers)
+        client.infer(self.model, _collect_inputs([999_999], 1), client_timeout=timeout_s, headers=self.headers)
 
 
 def default_canaries(grpc_url: str, admin_headers: dict[str, str] | None = None,

@@ -17,12 +17,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from supervisor.orphans import Orphans, read_in_flight
+from supervisor.orphans import Orphans, read_in_flight, read_stuck_calls
 from supervisor.state import write_state
 from supervisor.stubs import StubTracker, expected_instances, of_model, scan_stub_pids, start_time
 
 log = logging.getLogger("supervisor")
 CANARY_FAILED = "canary failed: "  # the reason of a heal that a canary asked for
+# the reason of a front's heal when it did not answer right after a model it calls was healed (issue 48)
+HUNG_AFTER_HEAL = CANARY_FAILED + "no answer right after the heal of "
+# the reason of a live front's replacement: calls it lost with a dead callee still hold Triton threads
+REPLACED = "replaced: "
 ADMIN_HEADER = "triton-admin-key"  # the header that unlocks Triton's restricted model-control API
 GRPC_PREFIX = "triton-grpc-protocol-"  # Triton's gRPC frontend expects restricted headers under this prefix
 
@@ -57,7 +61,8 @@ class Supervisor:
     def __init__(self, server_pid: Callable[[], int | None] | int, grpc_url: str, state_file: Path | None,
                  admin_key: str | None = None, period_s: float = 0.25,
                  canaries: dict[str, Callable[[], None]] | None = None, canary_period_s: float = 5.0,
-                 canary_failures: int = 2, client=None, metrics_url: str | None = None):
+                 canary_failures: int = 2, client=None, metrics_url: str | None = None,
+                 after_heal_timeout_s: float = 6.0, stuck_limit: int = 64):
         import tritonclient.grpc as grpcclient
 
         self._server_pid = server_pid if callable(server_pid) else (lambda: server_pid)
@@ -69,6 +74,13 @@ class Supervisor:
         self.canary_period_s = canary_period_s
         # a single slow answer under load is not a hang: a reload fails every request in flight
         self.canary_failures = canary_failures
+        # right after a heal, each BLS front that calls the healed model must answer within this (issue 48)
+        self.after_heal_timeout_s = after_heal_timeout_s
+        self.stuck_settle_s = 6.0
+        # a live front is replaced once this many of its Triton backend threads (launcher/triton_server.py's
+        # pool of 256) are held by calls lost with dead stubs: ~60 per generator kill under a full load, so
+        # another kill still finds room, and a front is not reloaded for a few
+        self.stuck_limit = stuck_limit
         self._canary_misses: dict[str, int] = {}  # model -> consecutive canary failures
         self._canary_heal_failed: dict[str, str] = {}  # model -> reason: its canary's heal failed, retried
         self.tracker = StubTracker()
@@ -76,6 +88,7 @@ class Supervisor:
         # the old version's stubs a heal left alive, killed once idle: a BLS front's once it has no request in
         # flight (its own count, from /metrics), another's once it uses no CPU
         self.orphans = Orphans(in_flight=(lambda: read_in_flight(metrics_url)) if metrics_url else None)
+        self.metrics_url = metrics_url
         self.unhealthy: dict[str, str] = {}
         self.events: list[tuple[float, str, str]] = []  # (unix time, event, model): read by tests and the soak
         self._stop = threading.Event()
@@ -210,14 +223,16 @@ class Supervisor:
             return None
 
     def heal(self, model: str, reason: str, ready: set[str]) -> bool:
-        started = time.time()
-        self._event("hang detected" if reason.startswith(CANARY_FAILED) else "death detected", model, reason)
+        started, replacing = time.time(), reason.startswith(REPLACED)
+        self._event("hang detected" if reason.startswith(CANARY_FAILED) else "replacing" if replacing
+                    else "death detected", model, reason)
         configs = {m: self.config(m) for m in ready}  # fresh: the gateway may have reloaded some
         affected = {model, *ensembles_using(configs, model)}
-        with self._lock:
-            for name in affected:
-                self.unhealthy[name] = reason if name == model else f"step '{model}' is down: {reason}"
-        self._publish()
+        if not replacing:  # a replaced model serves on meanwhile (its old stub, then the new one)
+            with self._lock:
+                for name in affected:
+                    self.unhealthy[name] = reason if name == model else f"step '{model}' is down: {reason}"
+            self._publish()
         self._event("reload started", model, "config override")
         before = self._stub_pids(model)  # a dead stub's surviving batch-mates, or a hung stub
         try:
@@ -232,14 +247,71 @@ class Supervisor:
         except Exception as exc:
             self._event("reload failed", model, str(exc)[:300])
             return False  # still unhealthy; the tracker reports it again on the next scans and we retry
-        self.orphans.adopt(model, before & set(self._stub_pids(model)))
+        old = before & set(self._stub_pids(model))
+        if reason.startswith(HUNG_AFTER_HEAL):
+            self._kill_hung(model, old)
+        else:
+            self.orphans.adopt(model, old)
         self.tracker.healed(model)
         with self._lock:
             for name in affected:
                 self.unhealthy.pop(name, None)
         self._publish()
-        self._event("healed", model, f"in {time.time() - started:.2f}s")
+        self._event("replaced" if replacing else "healed", model, f"in {time.time() - started:.2f}s")
+        if replacing:
+            return True
+        for front in sorted(m for m in affected - {model} if hasattr(self.canaries.get(m), "alive")):
+            threading.Thread(target=self._check_front_after_heal, args=(model, front),
+                             name=f"after-heal-{front}", daemon=True).start()
         return True
+
+    def _check_front_after_heal(self, model: str, front: str) -> None:
+        """Triton 2.51 never answers a BLS call that was in flight on a stub that died, and each such call holds
+        one of its caller's Python-backend threads (the backend waits for the call's first response on a pool
+        thread, which the caller's response sends need too): a front whose threads all wait on the dead stub's
+        calls answers nothing again, though the callee is back. So right after a heal, each BLS front that calls
+        the healed model must refuse a bad request within after_heal_timeout_s (its canary's liveness check); one
+        that does not is hung and healed now, not after canary_failures canary rounds (issue 48: ~72 s). One that
+        answers but holds stuck_limit or more calls lost with dead stubs is replaced (a new stub, a new pool)
+        without a moment down."""
+        if self._stop.is_set():
+            return
+        try:
+            alive = self.canaries[front].alive(self.after_heal_timeout_s)
+            if not alive:
+                self._start_heal(front, f"{HUNG_AFTER_HEAL}{model}", self.ready_models())
+            elif (stuck := self._stuck_calls(front)) >= self.stuck_limit:
+                self._start_heal(front, f"{REPLACED}{stuck} calls lost with {model}'s old stub still hold "
+                                        "Triton backend threads", self.ready_models())
+        except Exception as exc:  # noqa: BLE001 - e.g. the server went down meanwhile: the scan goes on
+            log.debug("supervisor: after-heal check of %s failed: %s", front, exc)
+
+    def _stuck_calls(self, front: str) -> int:
+        """The calls into a dead callee that the front gave up on but that still block (bls_front_calls_stuck
+        on /metrics, its newest stub's), waiting up to stuck_settle_s for them to show (a lost call is given up
+        within a probe interval or two): each holds one thread of the front's Triton-side pool for good, and a
+        front that loses them on every heal would run out (issue 48). A new stub gets a new pool, and the old one
+        finishes its requests first (retired by the orphan rule)."""
+        if not self.metrics_url:
+            return 0
+        deadline = time.monotonic() + self.stuck_settle_s
+        while not self._stop.is_set():
+            try:
+                newest = max(self._stub_pids(front), key=lambda pid: self.started(pid) or 0, default=-1)
+                stuck = read_stuck_calls(self.metrics_url).get(newest, 0)
+            except Exception as exc:  # noqa: BLE001 - metrics unreachable: nothing to go by
+                log.debug("supervisor: no stuck-call count of %s: %s", front, exc)
+                return 0
+            if stuck >= self.stuck_limit or time.monotonic() >= deadline:
+                return stuck
+            time.sleep(0.5)
+        return 0
+
+    def _kill_hung(self, model: str, pids: set[int]) -> None:
+        """A hung front's old stubs go at once: their requests can no longer be answered, and Triton answers
+        them (with an error) only once the stub is gone."""
+        for pid in self.orphans.kill_now(pids):
+            self._event("retired old stub", model, f"pid {pid}, hung")
 
     def _stub_pids(self, model: str) -> set[int]:
         pid = self._server_pid()

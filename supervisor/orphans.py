@@ -51,6 +51,18 @@ class Orphans:
         for pid in pids:
             self._orphans[pid] = _Orphan(model, now, self._ticks(pid), now)
 
+    def kill_now(self, pids: set[int]) -> list[int]:
+        """Kill these stubs without waiting (a hung front's: nothing they hold can finish); the killed pids."""
+        killed = []
+        for pid in sorted(pids):
+            self._orphans.pop(pid, None)
+            try:
+                self._kill(pid)
+            except ProcessLookupError:
+                continue
+            killed.append(pid)
+        return killed
+
     def retire(self, live: set[int]) -> list[tuple[str, int, str]]:
         """One round, given the pids of the server's live stubs: forgets the orphans that exited and kills the
         idle or overdue ones. Returns (model, pid, why) for each killed."""
@@ -93,15 +105,21 @@ class Orphans:
             return {}
 
 
-def read_in_flight(metrics_url: str, timeout_s: float = 2.0) -> dict[int, int]:
-    """{stub pid: requests in flight} from Triton's /metrics (the BLS fronts' gauge)."""
+def read_in_flight(metrics_url: str, timeout_s: float = 2.0, family: str | None = None) -> dict[int, int]:
+    """{stub pid: requests in flight} from Triton's /metrics (the BLS fronts' gauge, or another per-stub one)."""
     import urllib.request
 
     from supervisor.metrics_text import gauge_by_label
 
     with urllib.request.urlopen(metrics_url, timeout=timeout_s) as response:
         text = response.read().decode(errors="replace")
-    return {int(pid): int(value) for pid, value in gauge_by_label(text, IN_FLIGHT_FAMILY, "stub_pid").items()}
+    return {int(pid): int(value) for pid, value in gauge_by_label(text, family or IN_FLIGHT_FAMILY, "stub_pid").items()}
+
+
+def read_stuck_calls(metrics_url: str) -> dict[int, int]:
+    """{stub pid: generator calls given up on that still block} (codegen_common/bls_client.py's gauge)."""
+    return read_in_flight(metrics_url, family=STUCK_FAMILY)
 
 
 IN_FLIGHT_FAMILY = "bls_front_requests_in_flight"  # stage_common/in_flight_metric.py's FAMILY
+STUCK_FAMILY = "bls_front_calls_stuck"  # codegen_common/bls_client.py's STUCK_FAMILY

@@ -16,7 +16,9 @@ CLOSED_HUB = "http://127.0.0.1:9"
 if not os.environ.get("HF_ENDPOINT", "").startswith("http://127.0.0.1:"):
     os.environ["HF_ENDPOINT"] = CLOSED_HUB
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
-for _name in ("HF_TOKEN", "HF_HUB_OFFLINE", "HUB_DOWNLOADS", "HUB_CACHE_DIR"):  # a developer's own settings
+# a developer's own settings; an OTLP endpoint would have every gateway and Triton a test starts send traces there
+for _name in ("HF_TOKEN", "HF_HUB_OFFLINE", "HUB_DOWNLOADS", "HUB_CACHE_DIR", "OTEL_EXPORTER_OTLP_ENDPOINT",
+              "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
     os.environ.pop(_name, None)
 if "huggingface_hub.constants" in sys.modules:  # imported before this file: its endpoint must be local all the same
     assert sys.modules["huggingface_hub.constants"].ENDPOINT.startswith("http://127.0.0.1:"), \

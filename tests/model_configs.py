@@ -32,9 +32,9 @@ def _initialize(config, repository: Path, model: str, instance_kind: str = "CPU"
     return instance
 
 
-def load_python_model(model: str, instance_kind: str = "CPU"):
-    """A model of model_repository/, initialized as the server would."""
-    return _initialize(parse_config(model), MODEL_REPOSITORY, model, instance_kind)
+def load_python_model(model: str, instance_kind: str = "CPU", params: dict | None = None):
+    """A model of model_repository/, initialized as the server would (`params`: a config override's parameters)."""
+    return _initialize(parse_config(model), MODEL_REPOSITORY, model, instance_kind, params)
 
 
 def load_generated(repository: Path, model: str, params: dict | None = None):

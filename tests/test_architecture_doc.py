@@ -13,7 +13,7 @@ def python_folders() -> set[str]:
     """Top-level folders with a tracked or new (not ignored) .py file, as git sees the tree."""
     listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"],
                             cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-    return {path.split("/")[0] for path in listed if "/" in path}
+    return {path.split("/")[0] for path in listed if "/" in path and not path.startswith(".")}  # no venvs
 
 
 def test_every_python_folder_has_a_paragraph():

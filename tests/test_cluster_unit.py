@@ -40,7 +40,8 @@ def wait_for(predicate, timeout: float, what: str):
 def test_the_generated_config_is_valid_haproxy(tmp_path):
     config = tmp_path / "haproxy.cfg"
     config.write_text(haproxy_config("127.0.0.1", 8090, [("replica-0", "127.0.0.1", 8091),
-                                                         ("replica-1", "127.0.0.1", 8092)], tmp_path / "s.sock"))
+                                                         ("replica-1", "127.0.0.1", 8092)], tmp_path / "s.sock",
+                                     source="127.0.0.1", client_connections=256))
     check = subprocess.run(["haproxy", "-c", "-f", str(config)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     text = config.read_text()
@@ -49,6 +50,17 @@ def test_the_generated_config_is_valid_haproxy(tmp_path):
     # registrations and writes are never repeated after they may have reached a gateway
     assert "http-request disable-l7-retry unless repeatable" in text
     assert "server replica-1 127.0.0.1:8092 check" in text
+    # the gateways learn each client's address from HAProxy, which connects from the address they trust
+    # and caps one address's connections itself (tests/test_cluster_client_address.py)
+    assert "send-proxy-v2" in text and "    source 127.0.0.1\n" in text
+    assert "tcp-request connection reject if { sc0_conn_cur gt 256 }" in text
+
+
+def test_the_replicas_trust_haproxy_and_share_its_per_client_cap(tmp_path):
+    c = Cluster(2, 18090, tmp_path / "data", env={"MAX_CONNECTIONS_PER_CLIENT": "40"}, echo=lambda line: None)
+    assert c._replica_env(c.replicas[0])["TRUSTED_PROXIES"] == c.balancer.source == "127.0.0.1"
+    assert c.balancer.client_connections == 40
+    assert Cluster(1, 18090, tmp_path / "data", env={"MAX_CONNECTIONS": "400"}).balancer.client_connections == 100
 
 
 @pytest.fixture
@@ -106,7 +118,7 @@ def test_haproxy_and_redis_are_started_again(cluster):
     # the state file names the new HAProxy once it answers on its socket
     wait_for(lambda: read_state(cluster.dir)["haproxy_pid"] not in (None, haproxy_pid), 30, "haproxy not started again")
     wait_for(lambda: cluster.redis.process and cluster.redis.process.pid != redis_pid, 30, "redis not started again")
-    assert ping(cluster.redis.host, cluster.redis.port)
+    assert ping(cluster.redis.host, cluster.redis.port, cluster.redis.password)
     for replica in cluster.replicas:
         cluster.admin.wait(replica.name, lambda row: row.get("status") == "UP", 30, "not UP behind the new haproxy")
     assert httpx.get(f"{cluster.url}/health", timeout=10).status_code == 200

@@ -199,3 +199,31 @@ def test_a_collect_row_past_its_deadline_fails_with_unavailable(collect, monkeyp
     ((response, _),) = request.sender.sent
     assert response.error().code() == pb.TritonError.UNAVAILABLE and "no answer in 0.5 s" in response.error().message()
     generator.release.set()
+
+
+def test_a_generator_whose_stub_died_fails_the_row_with_unavailable_not_an_internal_error(collect, monkeypatch):
+    """Triton's own answer for a call into a dead stub (before the supervisor's reload) is INTERNAL: the client
+    gets UNAVAILABLE, the generator is being restarted (issue 48)."""
+    dead = pb.TritonError("Failed to process the request(s) for model instance 'codegen_generator_0_0', message: "
+                          "Stub process 'codegen_generator_0_0' is not healthy.", pb.TritonError.INTERNAL)
+    monkeypatch.setattr(pb, "bls_handler", lambda request, decoupled: iter([pb.InferenceResponse(error=dead)]))
+    request = _collect_request(rows=1)
+    collect.execute([request])
+    assert request.sender.answered.wait(WAIT)
+    ((response, _),) = request.sender.sent
+    assert response.error().code() == pb.TritonError.UNAVAILABLE and "being restarted" in response.error().message()
+
+
+def test_the_calls_lost_with_a_dead_generator_count_as_stuck_until_they_return(collect, monkeypatch):
+    """Each still holds a thread of the front's Triton-side pool: the supervisor replaces a front that has any."""
+    generator = FakeGenerator()
+    monkeypatch.setattr(pb, "bls_handler", generator)
+    requests = [_collect_request(rows=1) for _ in range(3)]
+    collect.execute(requests)
+    assert all(request.sender.answered.wait(WAIT) for request in requests)
+    assert collect.generator.stuck.count == 3
+    generator.release.set()
+    deadline = time.monotonic() + WAIT
+    while collect.generator.stuck.count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert collect.generator.stuck.count == 0

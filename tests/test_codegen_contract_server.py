@@ -21,6 +21,8 @@ def _tensor(name: str, array: np.ndarray, dtype: str):
 
 
 def infer(server, tensors: list) -> dict[str, np.ndarray]:
+    rows = tensors[0].shape()[0]  # plain greedy, as transformers' (token healing: test_completions_logprobs_server)
+    tensors = tensors + [_tensor("token_healing", np.zeros((rows, 1), bool), "BOOL")]
     client = grpcclient.InferenceServerClient(server.grpc_url)
     result = client.infer("codegen", tensors, client_timeout=TIMEOUT)
     return {name: result.as_numpy(name) for name in ("text_output", "finish_reason", "prompt_tokens",

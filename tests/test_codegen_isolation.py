@@ -1,7 +1,8 @@
 """Issue 9 and 12 on the codegen stages without a server: sanitized sampling (a tiny temperature is
 greedy), per-sequence failures that never touch batch-mates, a supervised decode loop that fails
 everything and restarts on a fault, bounded stop words and pending requests, and the rows,
-sampling_parameters and counts of the codegen tensor contract."""
+sampling_parameters and counts of the codegen tensor contract. Tests taking `engine` run on both engines;
+the torch engine's own faults are injected into its model (the OpenVINO engine's: test_openvino_engine.py)."""
 from __future__ import annotations
 
 import json
@@ -12,24 +13,17 @@ import pytest
 import torch
 
 import fake_pb_utils
-from gptj_generator import engine as engine_module
-from gptj_generator.engine import DecodeLoopDied, GenerationEngine, GenerationRequest
+from gptj_generator import torch_engine as engine_module
+from gptj_generator.seam import FINISH_REASONS, DecodeLoopDied, GenerationRequest, SamplingParams
+from gptj_generator.torch_engine import TorchEngine
 from codegen_common.generation_params import GenerationParams, parse_sampling_parameters
-from gptj_generator.loading import load_engine
-from gptj_generator.sampling import SamplingParams
+from gptj_generator.sampling import new_generator
 from model_configs import load_python_model
 from stage_common.errors import BadInput, Overloaded
-from test_codegen_engine import GENERATOR_DIR, WAIT, Collector, ids_of, reference, tokenizer  # noqa: F401
+from test_codegen_engine import (ENGINES, WAIT, Collector, engine, ids_of, make_engine, reference,  # noqa: F401
+                                 tokenizer, torch_engine)
 
 PROMPT = "def fibonacci(n):"
-
-
-@pytest.fixture(scope="module")
-def engine():
-    torch.set_num_threads(1)
-    engine = load_engine(GENERATOR_DIR, max_batch_size=8, max_tokens_limit=512)
-    yield engine
-    engine.close()
 
 
 class FaultyModel(torch.nn.Module):
@@ -62,13 +56,13 @@ class FaultyModel(torch.nn.Module):
         return self.inner.get_input_embeddings()
 
 
-def make_engine(base: GenerationEngine, model, **options) -> GenerationEngine:
-    return GenerationEngine(model, base.token_bytes, base.eos, max_batch_size=options.pop("max_batch_size", 8),
-                            max_tokens_limit=512, **options)
+def engine_over(base: TorchEngine, model, **options) -> TorchEngine:
+    return TorchEngine(model, base.token_bytes, base.eos, max_batch_size=options.pop("max_batch_size", 8),
+                       max_tokens_limit=512, **options)
 
 
 def test_a_tiny_temperature_is_greedy_and_leaves_its_batch_mate_alone(engine, tokenizer):
-    expected = reference(engine, tokenizer, PROMPT, 24)
+    expected = reference(tokenizer, PROMPT, 24)
     tiny, greedy = Collector(), Collector()
     steps = engine.steps
     engine.submit(GenerationRequest(ids_of(tokenizer, PROMPT), 24, SamplingParams(temperature=1e-40, seed=1)), tiny)
@@ -78,7 +72,8 @@ def test_a_tiny_temperature_is_greedy_and_leaves_its_batch_mate_alone(engine, to
     assert engine.steps - steps < 2 * 24, "the two sequences shared decode steps"
 
 
-def test_a_failing_sampling_step_fails_that_sequence_alone(engine, tokenizer, monkeypatch):
+def test_a_failing_sampling_step_fails_that_sequence_alone(torch_engine, tokenizer, monkeypatch):
+    engine = torch_engine
     real = engine_module.sample
 
     def sample(logits, params, generator):
@@ -91,7 +86,7 @@ def test_a_failing_sampling_step_fails_that_sequence_alone(engine, tokenizer, mo
     engine.submit(GenerationRequest(ids_of(tokenizer, PROMPT), 16, SamplingParams(temperature=0.8, seed=666)), bad)
     engine.submit(GenerationRequest(ids_of(tokenizer, PROMPT), 16), good)
     assert isinstance(bad.wait().error, FloatingPointError)
-    assert good.wait().error is None and good.ids == reference(engine, tokenizer, PROMPT, 16)
+    assert good.wait().error is None and good.ids == reference(tokenizer, PROMPT, 16)
 
 
 def test_a_failing_stop_word_match_fails_that_sequence_alone(engine, tokenizer, monkeypatch):
@@ -109,31 +104,33 @@ def test_a_failing_stop_word_match_fails_that_sequence_alone(engine, tokenizer, 
     engine.submit(GenerationRequest(ids_of(tokenizer, PROMPT), 12, stop_words=["BOOM"]), bad)
     engine.submit(GenerationRequest(ids_of(tokenizer, PROMPT), 12), good)
     assert isinstance(bad.wait().error, UnicodeError)
-    assert good.wait().error is None and good.ids == reference(engine, tokenizer, PROMPT, 12)
+    assert good.wait().error is None and good.ids == reference(tokenizer, PROMPT, 12)
 
 
-def test_a_failing_progress_callback_does_not_stop_the_loop(engine, tokenizer):
+@pytest.mark.parametrize("kind", ENGINES)
+def test_a_failing_progress_callback_does_not_stop_the_loop(kind, tokenizer):
     calls = []
 
     def progress(_engine):
         calls.append(1)
         raise RuntimeError("injected metrics fault")
 
-    faulty = make_engine(engine, engine.model, on_progress=progress)
+    faulty = make_engine(kind, on_progress=progress)
     try:
         for _ in range(2):
             done = Collector()
             faulty.submit(GenerationRequest(ids_of(tokenizer, PROMPT), 8), done)
-            assert done.wait().error is None and done.ids == reference(engine, tokenizer, PROMPT, 8)
+            assert done.wait().error is None and done.ids == reference(tokenizer, PROMPT, 8)
         assert len(calls) >= 2 and faulty._thread.is_alive()
     finally:
         faulty.close()
 
 
-def test_a_forward_fault_fails_running_and_pending_requests_then_the_loop_restarts(engine, tokenizer):
+def test_a_forward_fault_fails_running_and_pending_requests_then_the_loop_restarts(torch_engine, tokenizer):
+    engine = torch_engine
     model = FaultyModel(engine.model, failures=1)
     model.gate.clear()
-    faulty = make_engine(engine, model, max_batch_size=1)
+    faulty = engine_over(engine, model, max_batch_size=1)
     try:
         running, pending = Collector(), Collector()
         faulty.submit(GenerationRequest(ids_of(tokenizer, PROMPT), 8), running)
@@ -145,15 +142,16 @@ def test_a_forward_fault_fails_running_and_pending_requests_then_the_loop_restar
         assert faulty.restarts == 1 and faulty.active == 0
         after = Collector()
         faulty.submit(GenerationRequest(ids_of(tokenizer, PROMPT), 8), after)
-        assert after.wait().error is None and after.ids == reference(engine, tokenizer, PROMPT, 8)
+        assert after.wait().error is None and after.ids == reference(tokenizer, PROMPT, 8)
     finally:
         faulty.close()
 
 
-def test_over_the_pending_bound_a_request_is_refused_at_once(engine, tokenizer):
+def test_over_the_pending_bound_a_request_is_refused_at_once(torch_engine, tokenizer):
+    engine = torch_engine
     model = FaultyModel(engine.model)
     model.gate.clear()
-    busy = make_engine(engine, model, max_batch_size=1, max_pending=1)
+    busy = engine_over(engine, model, max_batch_size=1, max_pending=1)
     try:
         first, second = Collector(), Collector()
         busy.submit(GenerationRequest(ids_of(tokenizer, PROMPT), 4), first)
@@ -184,8 +182,8 @@ def test_non_finite_or_unbounded_sampling_is_refused(engine, tokenizer, params, 
 
 
 def test_the_sampling_generator_lives_on_the_logits_device():
-    assert SamplingParams(temperature=1.0, seed=3).new_generator("cpu").device.type == "cpu"
-    assert SamplingParams(temperature=1e-9).new_generator("cpu") is None
+    assert new_generator(SamplingParams(temperature=1.0, seed=3), "cpu").device.type == "cpu"
+    assert new_generator(SamplingParams(temperature=1e-9), "cpu") is None
 
 
 def test_sampling_parameters_map_to_the_generation_parameters():
@@ -215,7 +213,8 @@ def test_preprocess_takes_several_rows_and_sampling_parameters(tokenizer):
     prompts = ["def f():", "import os\nimport sys\n", "x"]
     several = _request(text_input=_strings([[p] for p in prompts]),
                        request_output_len=np.array([[4], [5], [6]], np.int32),
-                       stop_words=_strings([["a", "b"], ["c", ""], ["", ""]]))
+                       stop_words=_strings([["a", "b"], ["c", ""], ["", ""]]),
+                       token_healing=np.array([[False]] * 3))  # the prompts' ids as the tokenizer gives them
     vllm_style = _request(text_input=_strings([["x"]]), exclude_input_in_output=np.array([[False]]),
                           stream=np.array([[True]]),
                           sampling_parameters=_strings([['{"max_tokens": 9, "temperature": 0.3, "stop": ["q"]}']]))
@@ -249,13 +248,13 @@ def test_postprocess_cuts_padding_per_row_and_echoes_the_prompt_when_asked(token
 def test_finish_reasons_and_counts_reach_the_sink(engine, tokenizer):
     length, stop = Collector(), Collector()
     engine.submit(GenerationRequest(ids_of(tokenizer, PROMPT), 5), length)
-    expected = tokenizer.decode(reference(engine, tokenizer, PROMPT, 12))
+    expected = tokenizer.decode(reference(tokenizer, PROMPT, 12))
     word = expected.strip()[3:6] or expected[:2]
     engine.submit(GenerationRequest(ids_of(tokenizer, PROMPT), 64, stop_words=[word]), stop)
     assert length.wait().reason == "length" and len(length.ids) == 5
     assert stop.wait().reason == "stop"
-    assert engine_module.FINISH_REASONS[length.reason] == "length"
-    assert engine_module.FINISH_REASONS[stop.reason] == "stop"
+    assert FINISH_REASONS[length.reason] == "length"
+    assert FINISH_REASONS[stop.reason] == "stop"
     assert json.loads(GenerationParams().to_json())["max_tokens"] == 16
 
 

@@ -25,7 +25,9 @@ def _value(inputs, name):
 class FakeEngine:
     """Generates "<seed>:<i> " pieces, one per token; a prompt's length in words is its token count.
     A stop word ends the sequence after two pieces; prompt "too long" fails like the preprocessing;
-    prompt "fail later" fails after its first piece."""
+    prompt "fail later" fails after its first piece. exclude_input_in_output false prepends the prompt to the
+    first piece; logprobs gives each piece's logprobs object (offsets from the piece's start; the prompt is one
+    token with a null logprob), as codegen_stream does."""
 
     def __init__(self, delay: float = 0.0):
         self.delay, self.calls, self.active, self.cancelled = delay, [], 0, 0
@@ -38,7 +40,12 @@ class FakeEngine:
             raise errors.BadRequest("the prompt has 2000 tokens, but ... context window of 1024 tokens")
         max_tokens, seed = int(_value(inputs, "max_tokens")), int(_value(inputs, "random_seed"))
         stops = "stop_words" in inputs
+        echo = "exclude_input_in_output" in inputs and not _value(inputs, "exclude_input_in_output")
+        logprobs = "logprobs" in inputs
         prompt_tokens = len(prompt.split())
+        if max_tokens == 0:  # score only
+            yield StreamResponse(self._piece(prompt, "", "length", prompt_tokens, 0, logprobs), True)
+            return
         self.active += 1
         finished = False
         try:
@@ -48,10 +55,8 @@ class FakeEngine:
                     raise errors.internal(RuntimeError("boom"), "fake")
                 last = i == max_tokens - 1 or (stops and i == 1)
                 reason = ("stop" if stops else "length") if last else ""
-                yield StreamResponse({"text_output": np.array([[f"{seed}:{i} ".encode()]], dtype=object),
-                                      "finish_reason": np.array([[reason.encode()]], dtype=object),
-                                      "prompt_tokens": np.array([[prompt_tokens]], dtype=np.int32),
-                                      "completion_tokens": np.array([[i + 1]], dtype=np.int32)}, last)
+                yield StreamResponse(self._piece(prompt if echo and i == 0 else "", f"{seed}:{i} ", reason,
+                                                 prompt_tokens, i + 1, logprobs), last)
                 if last:
                     finished = True
                     return
@@ -60,10 +65,25 @@ class FakeEngine:
             self.cancelled += not finished
 
 
+    @staticmethod
+    def _piece(echoed: str, text: str, reason: str, prompt_tokens: int, completion_tokens: int, logprobs: bool):
+        out = {"text_output": np.array([[(echoed + text).encode()]], dtype=object),
+               "finish_reason": np.array([[reason.encode()]], dtype=object),
+               "prompt_tokens": np.array([[prompt_tokens]], dtype=np.int32),
+               "completion_tokens": np.array([[completion_tokens]], dtype=np.int32)}
+        if logprobs:
+            tokens = ([echoed] if echoed else []) + ([text] if text else [])
+            out["logprobs"] = np.array([[json.dumps({
+                "tokens": tokens, "token_logprobs": [None if t == echoed else -0.5 for t in tokens],
+                "top_logprobs": [None if t == echoed else {t: -0.5} for t in tokens],
+                "text_offset": [0 if t == echoed else len(echoed) for t in tokens]}).encode()]], dtype=object)
+        return out
+
+
 @pytest.fixture()
 def api():
     app = create_app(Settings(completions_max_n=4, completions_max_sequences=8, completions_max_tokens=64))
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:  # a loopback Host: the gateway has no keys
         # no Triton here: the server watch (which would find none and refuse every request) is stopped
         client.portal.call(app.state.server_watch.close)
         app.state.admission.server_problem = None
@@ -169,11 +189,14 @@ def test_unary_error_cancels_the_other_sequences(api):
     ({"prompt": "x", "temperature": -0.1}, "temperature"), ({"prompt": "x", "top_p": 0}, "top_p"),
     ({"prompt": "x", "top_p": 1.5}, "top_p"), ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"prompt": "x", "n": 0}, "n"), ({"prompt": "x", "n": 5}, "n"), ({"prompt": ["x"] * 3, "n": 3}, "prompt"),
-    ({"prompt": "x", "seed": -1}, "seed"), ({"prompt": "x", "logprobs": 2}, "logprobs"),
+    ({"prompt": "x", "seed": -1}, "seed"), ({"prompt": "x", "logprobs": 6}, "logprobs"),
+    ({"prompt": "x", "logprobs": -1}, "logprobs"), ({"prompt": "x", "max_tokens": 0, "logprobs": 1}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 0, "echo": True}, "max_tokens"),
     ({"prompt": "x", "best_of": 2}, "best_of"), ({"prompt": "x", "suffix": "y"}, "suffix"),
     ({"prompt": "x", "logit_bias": {"1": 5}}, "logit_bias"), ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
     ({"prompt": "x", "frequency_penalty": 1}, "frequency_penalty"), ({"prompt": "x", "stream_options": {}}, "stream_options"),
     ({"prompt": 5}, "prompt"), ({"prompt": "x", "max_tokens": "many"}, "max_tokens"),
+    ({"prompt": [9906, 1917]}, "prompt"), ({"prompt": [[9906], [1917]]}, "prompt"),
 ])
 def test_bad_input_is_a_400_naming_the_parameter(api, body, param):
     r = post(api, **body)
@@ -187,6 +210,47 @@ def test_bad_input_is_a_400_naming_the_parameter(api, body, param):
 def test_noop_values_of_unsupported_parameters_are_accepted(api):
     r = post(api, prompt="x", best_of=1, presence_penalty=0, frequency_penalty=0.0, logit_bias={}, user="u", max_tokens=1)
     assert r.status_code == 200, r.text
+    # what clients send as their defaults (issue 44): an empty suffix, zero biases, best_of = n
+    r = post(api, prompt="x", suffix="", logit_bias={"50256": 0}, best_of=2, n=2, max_tokens=1)
+    assert r.status_code == 200, r.text
+    assert [c["logprobs"] for c in r.json()["choices"]] == [None, None]
+    # logprobs 0 is OpenAI's "the chosen tokens' logprobs, no alternatives": an object, not an error
+    r = post(api, prompt="x", logprobs=0, max_tokens=1, seed=1)
+    assert r.status_code == 200 and r.json()["choices"][0]["logprobs"]["tokens"] == ["1:0 "]
+
+
+def test_logprobs_unary_join_the_pieces_offsets(api):
+    r = post(api, prompt="a b", max_tokens=3, seed=4, logprobs=2, echo=True)
+    choice = r.json()["choices"][0]
+    assert choice["text"] == "a b4:0 4:1 4:2 "
+    lp = choice["logprobs"]
+    assert lp["tokens"] == ["a b", "4:0 ", "4:1 ", "4:2 "]
+    assert lp["token_logprobs"] == [None, -0.5, -0.5, -0.5] and lp["top_logprobs"][0] is None
+    assert lp["text_offset"] == [0, 3, 7, 11]  # each token's start in the choice's text
+    assert all(choice["text"][o:].startswith(t) for o, t in zip(lp["text_offset"], lp["tokens"]))
+    inputs = api.engine.calls[0][1]
+    assert _value(inputs, "logprobs") == 2 and not _value(inputs, "exclude_input_in_output")
+
+
+def test_logprobs_streamed_offsets_count_from_the_choice_start(api):
+    events = sse_events(post(api, prompt="p", max_tokens=3, seed=2, logprobs=1, stream=True))
+    chunks = [e["choices"][0] for e in events if e != "[DONE]"]
+    text = "".join(c["text"] for c in chunks)
+    offsets = [o for c in chunks for o in c["logprobs"]["text_offset"]]
+    tokens = [t for c in chunks for t in c["logprobs"]["tokens"]]
+    assert text == "2:0 2:1 2:2 " and offsets == [0, 4, 8] and tokens == ["2:0 ", "2:1 ", "2:2 "]
+
+
+def test_score_only_and_token_healing_field(api):
+    r = post(api, prompt=["one two", "three"], max_tokens=0, echo=True, logprobs=1, temperature=0)
+    assert r.status_code == 200, r.text
+    choices = r.json()["choices"]
+    assert [c["text"] for c in choices] == ["one two", "three"]
+    assert [c["logprobs"]["token_logprobs"] for c in choices] == [[None], [None]]
+    assert [c["finish_reason"] for c in choices] == ["length", "length"]
+    r = post(api, prompt="x", max_tokens=1, token_healing=False)
+    assert r.status_code == 200 and _value(api.engine.calls[-1][1], "token_healing") == np.False_
+    assert "token_healing" not in api.engine.calls[0][1]  # sent only when the request says
 
 
 def test_unknown_model_is_404_and_codegen_is_listed(api):

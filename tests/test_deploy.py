@@ -115,7 +115,13 @@ def test_the_replicated_overlay_shares_state_through_redis():
     assert deployment["spec"]["replicas"] > 1 and dc.by_kind(docs, "HorizontalPodAutoscaler")["spec"]["minReplicas"] > 1
     containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
     gateway = env_of(containers["gateway"])
-    assert gateway["REDIS_URL"]["value"] == "redis://redis:6379/0"
+    # issue 43 item 9: Redis requires the password of a Secret, which REDIS_URL carries (defined before it:
+    # Kubernetes expands $(REDIS_PASSWORD) only from variables listed earlier)
+    assert gateway["REDIS_URL"]["value"] == "redis://:$(REDIS_PASSWORD)@redis:6379/0"
+    secret = {"name": "triton-pipelines-redis", "key": "password"}
+    assert gateway["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == secret
+    names = [e["name"] for e in containers["gateway"]["env"]]
+    assert names.index("REDIS_PASSWORD") < names.index("REDIS_URL")
     assert gateway["REPLICA_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     qdrant = gateway["QDRANT_URL"]["valueFrom"]["configMapKeyRef"]
     assert qdrant["optional"] is False  # collections must be shared: no silent fall-back to local Faiss
@@ -128,7 +134,11 @@ def test_the_replicated_overlay_shares_state_through_redis():
     pod_labels = redis["spec"]["template"]["metadata"]["labels"]
     assert all(pod_labels.get(k) == v for k, v in service["spec"]["selector"].items())
     assert service["spec"]["ports"][0]["port"] == 6379 and redis["spec"]["serviceName"] == "redis"
-    assert "--appendonly" in redis["spec"]["template"]["spec"]["containers"][0]["args"]
+    redis_container = redis["spec"]["template"]["spec"]["containers"][0]
+    assert "--appendonly" in redis_container["args"]
+    assert redis_container["args"][-2:] == ["--requirepass", "$(REDIS_PASSWORD)"]
+    assert {e["name"]: e["valueFrom"]["secretKeyRef"] for e in redis_container["env"]} == {
+        "REDIS_PASSWORD": secret, "REDISCLI_AUTH": secret}  # the probe's redis-cli authenticates too
     assert redis["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
     # only the gateway pods reach it
     policy = dc.by_kind(docs, "NetworkPolicy")

@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from gateway.embedding import images
-from gateway.routers import embeddings
+from gateway.embedding import embed as embeddings
 from gateway.search.collections import CollectionInfo
 from gateway.settings import Settings
 from gateway_helpers import MINILM, b64, png_bytes
@@ -37,7 +37,7 @@ def slowed(monkeypatch, module, name: str) -> list[str]:
 def test_counting_tokens_does_not_block_the_loop(tmp_path, monkeypatch):
     """Inputs over INLINE_COUNT_CHARS are counted in the CPU pool (a few sentences are counted inline:
     ~45 us each, less than the pool's thread hop)."""
-    threads = slowed(monkeypatch, embeddings, "count_tokens")
+    threads = slowed(monkeypatch, embeddings, "measure")
     text = "a few words " * 30  # 360 characters; 4 of them are over INLINE_COUNT_CHARS
     assert 4 * len(text) > embeddings.INLINE_COUNT_CHARS
 

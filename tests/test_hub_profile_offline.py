@@ -102,6 +102,9 @@ def test_the_build_used_the_hub_files(built):
     tokenizer = json.loads((repository / "codegen_generator" / "1" / "tokenizer.json").read_text())
     eos = tokenizer["model"]["vocab"]["<|endoftext|>"]
     assert generator["eos_token_id"] == eos != 2, "moyix's eos_token_id 2 must be replaced by <|endoftext|>"
+    ir = repository / "codegen_generator" / "1" / "openvino"  # what the served generator runs (engine: auto on CPU)
+    assert json.loads((ir / "config.json").read_text())["n_embd"] == 64 and (ir / "openvino_model.xml").exists()
+    assert json.loads((ir / "export.json").read_text())["weights"] == "fp32"
     captioner = json.loads((repository / "food_captioning_captioner" / "1" / "config.json").read_text())
     assert captioner["text_config"]["vocab_size"] == 30524 and captioner["vision_config"]["image_size"] == 384
     classifier = json.loads((repository / "food_captioning_classifier" / "1" / "config.json").read_text())
@@ -150,7 +153,9 @@ def test_codegen_unary_and_stream_equal_transformers_generate(server, built):
         text.set_data_from_numpy(np.array([[prompt.encode()]], dtype=np.object_))
         limit = grpcclient.InferInput("max_tokens", [1, 1], "INT32")
         limit.set_data_from_numpy(np.array([[MAX_TOKENS]], dtype=np.int32))
-        return [text, limit]
+        healing = grpcclient.InferInput("token_healing", [1, 1], "BOOL")  # off: the prompt's ids as transformers'
+        healing.set_data_from_numpy(np.array([[False]]))
+        return [text, limit, healing]
 
     expected = built[1]["completions"]
     assert any(expected), "the random GPT-J should continue some prompt"

@@ -1,6 +1,7 @@
 """The gateway's middleware runs in the order gateway/middleware/__init__.py documents, outermost first:
-x-replica-id around everything (the 500 handler included), then admission, metrics, audit, auth, quotas
-and the body caps nearest the routes."""
+x-replica-id around everything (the 500 handler included), then metrics, audit, auth, admission (after auth
+and audit: an unknown key is 401 and an admin attempt audited whatever the server's state), quotas and the
+body caps nearest the routes."""
 from gateway.app import create_app
 from gateway.middleware.admission import Admit
 from gateway.middleware.audit import Audit
@@ -12,7 +13,7 @@ from gateway.middleware.replica_id import ReplicaId
 from gateway.settings import Settings
 from starlette.middleware.errors import ServerErrorMiddleware
 
-OURS = (ReplicaId, ServerErrorMiddleware, Admit, Measure, Audit, Authenticate, Quotas, CapBodies)
+OURS = (ReplicaId, ServerErrorMiddleware, Measure, Audit, Authenticate, Admit, Quotas, CapBodies)
 
 
 def test_the_stack_runs_in_the_documented_order(tmp_path):

@@ -8,13 +8,12 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
-from gptj_generator.engine import GenerationRequest
-from gptj_generator.loading import load_engine
 from gptj_generator.pulled_stream import PulledStream, PulledStreams
-from model_configs import MODEL_REPOSITORY, load_python_model
+from gptj_generator.seam import GenerationRequest
+from model_configs import load_python_model
 from stage_common.errors import BadInput
+from test_codegen_engine import ENGINES, make_engine
 
 
 class Senders:
@@ -115,10 +114,9 @@ def test_streams_by_key():
         streams.fetch("k", "f2")
 
 
-@pytest.fixture(scope="module")
-def engine():
-    torch.set_num_threads(1)
-    engine = load_engine(MODEL_REPOSITORY / "codegen_generator" / "1", max_batch_size=4, max_tokens_limit=512)
+@pytest.fixture(scope="module", params=ENGINES)
+def engine(request):
+    engine = make_engine(request.param, max_batch_size=4)
     yield engine
     engine.close()
 
@@ -229,11 +227,11 @@ def test_waiting_for_a_row_is_not_abandonment():
     assert stream.cancelled()
 
 
-def test_through_the_engine_a_long_wait_for_a_row_still_gets_every_token():
+@pytest.mark.parametrize("kind", ENGINES)
+def test_through_the_engine_a_long_wait_for_a_row_still_gets_every_token(kind):
     """Issue 35, item 6 in-process: one row, a long request holding it, and a pulled stream behind it with
     its abandon time scaled down below its wait: every token arrives and the reason is 'length'."""
-    engine = load_engine(MODEL_REPOSITORY / "codegen_generator" / "1", max_batch_size=1, max_tokens_limit=1000,
-                         cancel_poll_seconds=0)
+    engine = make_engine(kind, max_batch_size=1, max_tokens_limit=1000, cancel_poll_seconds=0)
     try:
         from test_codegen_engine import Collector
 

@@ -19,7 +19,7 @@ from security_helpers import write_keys
 def client_for(app) -> httpx.AsyncClient:
     # raise_app_exceptions=False: the 500 the app's own error handler answers reaches the client as it would
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),
-                             base_url="http://gateway", timeout=30)
+                             base_url="http://127.0.0.1", timeout=30)
 
 
 def make_app(tmp_path, **settings):

@@ -10,7 +10,7 @@ import zlib
 import numpy as np
 import pytest
 
-from gateway_helpers import CLIP_DEMO, b64
+from gateway_helpers import CLIP_DEMO, b64, error_of
 from model_configs import ROOT
 
 sys.path.insert(0, str(ROOT / "client"))
@@ -228,7 +228,7 @@ def test_bad_input_is_a_4xx_and_nothing_is_written(clip, case):
     names_before = {c["name"] for c in http.get("/collections").json()["collections"]}
     r = http.request(method.upper(), path, json=body)
     assert r.status_code == status, r.text
-    error = r.json()["error"]
+    error = error_of(r)
     assert mention in error["message"] and set(error) == {"message", "type", "param", "code"}
     assert http.get(f"/collections/{BAD}").json()["count"] == 1
     assert {c["name"] for c in http.get("/collections").json()["collections"]} == names_before

@@ -30,6 +30,7 @@ ACCESS_TABLE = [
     ("GET /docs", "200", "200", "200", "200"),
     ("GET /openapi.json", "200", "200", "200", "200"),
     ("GET /v1/models", "401", "401", "ok", "ok"),
+    ("GET /v1/models/{model}", "401", "401", "ok", "ok"),
     ("POST /v1/embeddings", "401", "401", "ok", "ok"),
     ("POST /v1/completions", "401", "401", "ok", "ok"),
     ("GET /loaded_models", "401", "401", "ok", "ok"),
@@ -100,7 +101,7 @@ def http(secured):
 
 def call(http, route: str, headers: dict) -> httpx.Response:
     method, path = route.split(" ", 1)
-    path = path.replace("{name}", "no-such-collection")
+    path = path.replace("{name}", "no-such-collection").replace("{model}", MINILM)
     body = PROBES.get(route)
     return http.request(method, path, headers=headers, **({"json": body} if body is not None else {}))
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from blip_captioner.onnx_blip import ONNX_FILES
 from blip_captioner.text import TOKENIZER_FILE
+from stage_common.gpu_placement import GpuPlacement
 
 
 class Generator(Protocol):
@@ -84,11 +85,11 @@ def has_onnx(model_dir: Path) -> bool:
     return all((Path(model_dir) / name).is_file() for name in (*ONNX_FILES, TOKENIZER_FILE))
 
 
-def make_captioner(model_dir: Path, runtime: str, threads: int, gpu_device: int | None = None,
+def make_captioner(model_dir: Path, runtime: str, threads: int, gpu: GpuPlacement | None = None,
                    prompt_template: str = "a photo of {label}", max_new_tokens: int = 20,
                    num_beams: int = 1) -> BlipCaptioner:
-    """runtime "onnx" (greedy only: num_beams > 1 is refused here, at load) or "torch"; gpu_device set
-    when Triton placed the instance on a GPU."""
+    """runtime "onnx" (greedy only: num_beams > 1 is refused here, at load) or "torch"; `gpu` set when
+    Triton placed the instance on a GPU."""
     if runtime == "onnx":
         if num_beams != 1:
             raise ValueError(f"num_beams {num_beams}: runtime 'onnx' decodes greedily (num_beams 1); "
@@ -96,12 +97,12 @@ def make_captioner(model_dir: Path, runtime: str, threads: int, gpu_device: int 
         from blip_captioner.onnx_blip import OnnxBlip
         from blip_captioner.text import BlipText
 
-        generator, text = OnnxBlip(model_dir, threads, gpu_device is not None, gpu_device or 0), BlipText(model_dir)
+        generator, text = OnnxBlip(model_dir, threads, gpu), BlipText(model_dir)
     elif runtime == "torch":
         from blip_captioner.torch_blip import TorchBlip
         from stage_common.torch_runtime import torch_device
 
-        generator = text = TorchBlip(model_dir, torch_device(threads, gpu_device), num_beams)
+        generator = text = TorchBlip(model_dir, torch_device(threads, gpu), num_beams)
     else:
         raise ValueError(f"runtime must be 'onnx' or 'torch', not {runtime!r}")
     return BlipCaptioner(generator, text, prompt_template, max_new_tokens)

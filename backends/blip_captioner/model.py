@@ -6,7 +6,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from blip_captioner.captioner import has_onnx, make_captioner  # noqa: E402
 from stage_common.errors import BadInput  # noqa: E402
 from stage_common.params import config_param, runtime_params  # noqa: E402
-from stage_common.triton_io import (execute_batched, gpu_device, input_array, load_model_config,  # noqa: E402
+from stage_common.triton_io import (execute_batched, gpu_placement, input_array, load_model_config,  # noqa: E402
                                     string_tensor, text_rows, version_dir)
 
 
@@ -28,7 +28,7 @@ class TritonPythonModel:
         # `runtime`: onnx (vision.onnx + decoder.onnx, built and checked by `make model`) or torch
         runtime, threads = runtime_params(config, has_onnx(folder))
         self.captioner = make_captioner(
-            folder, runtime, threads, gpu_device(args),
+            folder, runtime, threads, gpu_placement(args),
             prompt_template=config_param(config, "prompt_template", str, "a photo of {label}"),
             max_new_tokens=config_param(config, "max_new_tokens", int, 20),
             num_beams=config_param(config, "num_beams", int, 1))

@@ -9,15 +9,16 @@ from pathlib import Path
 import numpy as np
 
 from blip_captioner.greedy import decoder_prompt, greedy_generate
+from stage_common.gpu_placement import GpuPlacement
 from stage_common.onnx_runtime import onnx_session
 
 ONNX_FILES = ("vision.onnx", "decoder.onnx", "blip_generation.json")
 
 
 class OnnxBlip:
-    def __init__(self, model_dir: Path, threads: int, use_cuda: bool = False, device_id: int = 0):
-        self.vision = onnx_session(Path(model_dir) / "vision.onnx", threads, use_cuda, device_id)
-        self.decoder = onnx_session(Path(model_dir) / "decoder.onnx", threads, use_cuda, device_id)
+    def __init__(self, model_dir: Path, threads: int, gpu: GpuPlacement | None = None):
+        self.vision = onnx_session(Path(model_dir) / "vision.onnx", threads, gpu)
+        self.decoder = onnx_session(Path(model_dir) / "decoder.onnx", threads, gpu)
         # the token ids generate uses and the image size, written by the export
         self.generation = json.loads((Path(model_dir) / "blip_generation.json").read_text())
         self.cross_names = [o.name for o in self.vision.get_outputs()]

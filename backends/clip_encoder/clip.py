@@ -13,6 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
+from stage_common.gpu_placement import GpuPlacement
 from transformer_encoder.encoder import pad_together
 
 ONNX_FILES = ("text.onnx", "image.onnx")
@@ -88,17 +89,16 @@ def has_onnx(model_dir: Path) -> bool:
     return all((Path(model_dir) / name).is_file() for name in ONNX_FILES)
 
 
-def make_towers(model_dir: Path, runtime: str, threads: int, gpu_device: int | None = None) -> ClipTowers:
-    """runtime "onnx" (text.onnx + image.onnx, ONNX Runtime; CUDA provider on a GPU instance when
-    present) or "torch" (the transformers CLIPModel folder); gpu_device set when Triton placed the
-    instance on a GPU."""
+def make_towers(model_dir: Path, runtime: str, threads: int, gpu: GpuPlacement | None = None) -> ClipTowers:
+    """runtime "onnx" (text.onnx + image.onnx, ONNX Runtime) or "torch" (the transformers CLIPModel folder);
+    `gpu` set when Triton placed the instance on a GPU (the runtime must be able to use it)."""
     if runtime == "onnx":
         from clip_encoder.onnx_clip import OnnxClip
 
-        return ClipTowers(OnnxClip(model_dir, threads, gpu_device is not None, gpu_device or 0))
+        return ClipTowers(OnnxClip(model_dir, threads, gpu))
     if runtime == "torch":
         from clip_encoder.torch_clip import TorchClip
         from stage_common.torch_runtime import torch_device
 
-        return ClipTowers(TorchClip(model_dir, torch_device(threads, gpu_device)))
+        return ClipTowers(TorchClip(model_dir, torch_device(threads, gpu)))
     raise ValueError(f"runtime must be 'onnx' or 'torch', not {runtime!r}")

@@ -9,7 +9,7 @@ from clip_encoder.clip import ImageRows, TextRows, has_onnx, make_towers, text_t
 from stage_common.errors import BadInput, check_token_rows  # noqa: E402
 from stage_common.isolation import each_alone_on_failure  # noqa: E402
 from stage_common.params import runtime_params  # noqa: E402
-from stage_common.triton_io import execute_batched, gpu_device, input_array, load_model_config, version_dir  # noqa: E402
+from stage_common.triton_io import execute_batched, gpu_placement, input_array, load_model_config, version_dir  # noqa: E402
 
 
 def _parse(request, image_shape, token_bounds):
@@ -36,7 +36,7 @@ class TritonPythonModel:
         # `runtime`: onnx (text.onnx + image.onnx, exported and checked by the gateway at registration)
         # or torch (the transformers CLIPModel folder)
         runtime, threads = runtime_params(config, has_onnx(folder))
-        self.towers = make_towers(folder, runtime, threads, gpu_device(args))
+        self.towers = make_towers(folder, runtime, threads, gpu_placement(args))
         # ids outside the vocabulary, or rows longer than the position embeddings, are refused per request
         self.token_bounds = text_token_bounds(folder)
 

@@ -8,18 +8,19 @@ from pathlib import Path
 
 import numpy as np
 
+from stage_common.gpu_placement import GpuPlacement
 from stage_common.onnx_runtime import onnx_session
 
 
 class OnnxClip:
-    def __init__(self, model_dir: Path, threads: int, use_cuda: bool = False, device_id: int = 0):
+    def __init__(self, model_dir: Path, threads: int, gpu: GpuPlacement | None = None):
         model_dir = Path(model_dir)
         missing = [name for name in ("text.onnx", "image.onnx") if not (model_dir / name).is_file()]
         if missing:
             raise FileNotFoundError(f"runtime 'onnx' needs {' and '.join(missing)} in {model_dir} (exported when "
                                     "the gateway registers the model); runtime 'torch' runs without them")
-        self.text = onnx_session(model_dir / "text.onnx", threads, use_cuda, device_id)
-        self.image = onnx_session(model_dir / "image.onnx", threads, use_cuda, device_id)
+        self.text = onnx_session(model_dir / "text.onnx", threads, gpu)
+        self.image = onnx_session(model_dir / "image.onnx", threads, gpu)
         dimension = self.text.get_outputs()[0].shape[-1]
         shape = self.image.get_inputs()[0].shape[1:]
         if not isinstance(dimension, int) or not all(isinstance(d, int) for d in shape):

@@ -8,13 +8,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from codegen_common.bls_client import GeneratorClient  # noqa: E402
+from codegen_common.bls_client import GeneratorClient, generator_error  # noqa: E402
 from codegen_common.generation_params import GenerationParams  # noqa: E402
 from stage_common.bls_iterators import IteratorRelease  # noqa: E402
 from stage_common.bounded_workers import BoundedWorkers  # noqa: E402
 from stage_common.in_flight_metric import in_flight_gauge  # noqa: E402
-from stage_common.errors import StageError, check_finish_reason  # noqa: E402
+from stage_common.errors import check_finish_reason  # noqa: E402
 from stage_common.params import config_param  # noqa: E402
+from stage_common.tracing import request_traceparent  # noqa: E402
 from stage_common.triton_io import error_response, input_array, load_model_config, string_tensor  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -32,7 +33,7 @@ class TritonPythonModel:
 
     def initialize(self, args):
         config = load_model_config(args)
-        self.generator = GeneratorClient(config_param(config, "generator_model", str), config)
+        self.generator = GeneratorClient(config_param(config, "generator_model", str), config, args["model_name"])
         in_flight = config_param(config, "max_in_flight", int, 64)
         self.in_flight = in_flight_gauge(args["model_name"])  # the supervisor's "no request in flight"
         self.workers = BoundedWorkers(in_flight, "codegen-collect", on_change=self.in_flight.set)
@@ -59,23 +60,26 @@ class TritonPythonModel:
         ids, lengths = input_array(request, "input_ids"), input_array(request, "input_lengths").reshape(-1)
         params = [GenerationParams.from_json(v) for v in input_array(request, "generation_params").reshape(-1)]
         iterators = []  # every row's, filled by _row
+        # the generator's span joins this request's trace through a parameter (a decoupled BLS call given
+        # trace= crashes Triton 2.51: stage_common/tracing.py)
+        traceparent = request_traceparent(request.trace())
         try:
-            rows = [self.row_workers.submit(self._row, ids[i, :lengths[i]], params[i], uuid.uuid4().hex, iterators)
-                    for i in range(len(params))]
+            rows = [self.row_workers.submit(self._row, ids[i, :lengths[i]], params[i], uuid.uuid4().hex, iterators,
+                                            traceparent) for i in range(len(params))]
             wait(rows)  # all of them, even after a failed one: their iterators must be finished to be released
             results = [row.result() for row in rows]
         finally:
             self.release.after_cleanup(request, iterators)
         return self._response(results, lengths)
 
-    def _row(self, ids: np.ndarray, params: GenerationParams, key: str, iterators: list):
+    def _row(self, ids: np.ndarray, params: GenerationParams, key: str, iterators: list, traceparent: str | None):
         inputs = [pb_utils.Tensor("input_ids", ids[None, :].astype(np.int32)),
                   pb_utils.Tensor("input_lengths", np.array([[ids.shape[0]]], np.int32)),
                   pb_utils.Tensor("streaming", np.array([[False]]))]
         inputs += [pb_utils.Tensor(name, array) for name, array in params.generator_arrays().items()]
         # read to the end even after an error (only a finished iterator is cleaned up), within a deadline,
         # failing at once if the generator no longer holds the row (its stub died: issue 35)
-        responses = self.generator.call(key, inputs, iterators)
+        responses = self.generator.call(key, inputs, iterators, traceparent=traceparent)
         chunks, reason, count, error = [], "", 0, None
         for response in responses:
             if response.has_error():
@@ -90,7 +94,7 @@ class TritonPythonModel:
             if "completion_tokens" in out:
                 count = int(out["completion_tokens"].reshape(-1)[0])
         if error is not None:
-            raise StageError(error)  # the generator refused or failed the row
+            raise generator_error(error)  # the generator refused or failed the row (or its stub died)
         check_finish_reason(reason)  # "stop" or "length" only (README); a dropped row is an error
         return (np.concatenate(chunks).astype(np.int32) if chunks else np.zeros(0, np.int32)), reason, count
 

@@ -1,15 +1,45 @@
 """The codegen fronts' BLS calls into the generator, each with a deadline and a probe
 (stage_common/bls_deadline.py says why): a call whose generator stub died fails at once instead of holding
-its front's worker forever."""
+its front's worker forever. The calls the front gave up on that are still blocked are published as the gauge
+`bls_front_calls_stuck{model, stub_pid}`: each holds a thread of the front's Triton-side pool, and the
+supervisor replaces a front that has any once the generator is healed (issue 48). A call may carry the
+front's request's W3C `traceparent` as a request parameter (stage_common/tracing.py says why)."""
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from stage_common.bls_deadline import CallTimedOut, call_with_deadline
+from stage_common.bls_deadline import CallLost, CallTimedOut, StuckCalls, call_with_deadline
+from stage_common.errors import StageError
+from stage_common.in_flight_metric import KEPT_FAMILIES
 from stage_common.params import config_param
+from stage_common.tracing import TRACEPARENT
 
-GENERATOR_OUTPUTS = ["output_ids", "finish_reason", "completion_tokens"]
+GENERATOR_OUTPUTS = ["output_ids", "finish_reason", "completion_tokens", "logprobs"]  # logprobs: when asked
+STUCK_FAMILY = "bls_front_calls_stuck"  # supervisor/monitor.py reads it
+
+
+# how Triton 2.51 fails a call into a model whose stub died (before or while the supervisor reloads it)
+DEAD_STUB = "Stub process"
+
+
+def generator_error(error) -> Exception:
+    """What a front raises for a generator call answered with `error`: the generator's own refusal as it is
+    (StageError keeps its code), Triton's "Stub process ... is not healthy" as CallLost (UNAVAILABLE: the
+    generator is being healed, retry) rather than an internal error."""
+    if DEAD_STUB in str(error.message()) and "not healthy" in str(error.message()):
+        return CallLost("the generator's process died; it is being restarted: retry")
+    return StageError(error)
+
+
+def stuck_gauge(front: str):
+    """This stub's count of stuck generator calls, as a gauge labelled like bls_front_requests_in_flight."""
+    family = pb_utils.MetricFamily(STUCK_FAMILY, "BLS calls a front gave up on (their callee's stub died) that "
+                                   "still hold a thread, per stub process", pb_utils.MetricFamily.GAUGE)
+    KEPT_FAMILIES.append(family)
+    return family.Metric({"model": front, "stub_pid": str(os.getpid())})
 
 
 def read_all(call, iterators: list) -> list:
@@ -25,30 +55,35 @@ class GeneratorClient:
     its wait for a row); probe_interval_s: how often a waiting call asks whether the generator still holds
     it; probe_timeout_s: the wait for that answer (a probe unanswered proves nothing: the wait goes on)."""
 
-    def __init__(self, model: str, config: dict):
+    def __init__(self, model: str, config: dict, front: str | None = None):
         self.model = model
         self.timeout_s = config_param(config, "generator_timeout_s", float, 600.0)
         self.probe_every_s = config_param(config, "probe_interval_s", float, 2.0)
         self.probe_timeout_s = config_param(config, "probe_timeout_s", float, 10.0)
+        self.stuck = StuckCalls(stuck_gauge(front).set if front else None)
 
-    def request(self, key: str, inputs: list, outputs: list[str] | None = None):
+    def request(self, key: str, inputs: list, outputs: list[str] | None = None, traceparent: str | None = None):
+        # the parameter only when there is one: an untraced request's call stays as it was
+        extra = {"parameters": {TRACEPARENT: traceparent}} if traceparent else {}
         return pb_utils.InferenceRequest(model_name=self.model, request_id=key, inputs=inputs,
-                                         requested_output_names=GENERATOR_OUTPUTS if outputs is None else outputs)
+                                         requested_output_names=GENERATOR_OUTPUTS if outputs is None else outputs,
+                                         **extra)
 
     def call(self, key: str, inputs: list, iterators: list, outputs: list[str] | None = None,
-             probe: bool = True, timeout_s: float | None = None) -> list:
+             probe: bool = True, timeout_s: float | None = None, traceparent: str | None = None) -> list:
         """Every response of one call; CallTimedOut / CallLost (UNAVAILABLE) when none comes."""
-        call = self.request(key, inputs, outputs)
+        call = self.request(key, inputs, outputs, traceparent)
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         return call_with_deadline(lambda: read_all(call, iterators), self.model, timeout_s,
-                                  (lambda: self.holds(key, iterators)) if probe else None, self.probe_every_s)
+                                  (lambda: self.holds(key, iterators)) if probe else None, self.probe_every_s,
+                                  stuck=self.stuck)
 
     def holds(self, key: str, iterators: list) -> bool:
         """False if the generator answers that it has no request `key` (or cannot answer: a dead stub)."""
         call = self.request(key, [pb_utils.Tensor("probe", np.array([[True]]))], [])
         try:
             answers = call_with_deadline(lambda: read_all(call, iterators), f"{self.model} (probe)",
-                                         self.probe_timeout_s)
+                                         self.probe_timeout_s, stuck=self.stuck)
         except CallTimedOut:
             return True  # busy or hung: the call's own deadline (and the supervisor's canary) decide
         except Exception:  # noqa: BLE001 - e.g. "Stub process ... is not healthy": the call is gone with it

@@ -19,6 +19,7 @@ from stage_common.errors import BadInput
 DEFAULT_MAX_TOKENS = 16  # as OpenAI, when neither max_tokens nor sampling_parameters give one
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop")
 MAX_SEED = 2**64 - 1
+MAX_LOGPROBS = 20  # alternatives per token (the generator's engines give up to 20: gptj_generator/seam.py)
 
 
 @dataclass(frozen=True)
@@ -30,10 +31,20 @@ class GenerationParams:
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     exclude_input: bool = True  # False: the prompt is prepended to text_output
+    logprobs: int | None = None  # None: none; k: each generated id's logprob and k alternatives (+ the prompt's
+    #                              when exclude_input is False: OpenAI's echo)
+    token_healing: bool = True  # the preprocessing may back off the prompt's last id (codegen_preprocess/healing.py)
+    heal_prefix: str = ""  # what it backed off: the generated text starts with it, and it is cut from the answer
+
+    @property
+    def prompt_logprobs(self) -> bool:
+        return self.logprobs is not None and not self.exclude_input
 
     def check(self, max_stop_words: int, max_stop_word_chars: int) -> "GenerationParams":
         check_sampling(self.temperature, self.top_k, self.top_p)
         check_stop_words(self.stop, max_stop_words, max_stop_word_chars)
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise BadInput(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
         return self
 
     def to_json(self) -> str:
@@ -55,6 +66,11 @@ class GenerationParams:
             arrays["random_seed"] = np.array([[self.seed]], np.uint64)
         if self.stop:
             arrays["stop_words"] = np.array([[w.encode("utf-8") for w in self.stop]], dtype=np.object_)
+        if self.logprobs is not None:
+            arrays["logprobs"] = np.array([[self.logprobs]], np.int32)
+            arrays["prompt_logprobs"] = np.array([[self.prompt_logprobs]], bool)
+        if self.heal_prefix:
+            arrays["heal_prefix"] = np.array([[self.heal_prefix.encode("utf-8")]], dtype=np.object_)
         return arrays
 
 

@@ -11,11 +11,14 @@ GREEDY_TEMPERATURE = 1e-5  # below it sampling is greedy (dividing logits by les
 MAX_TOP_K = 1_000_000  # top_k is bounded (0 = no limit; any value above the vocabulary means the same)
 
 
-def check_lengths(prompt_tokens: int, max_tokens: int, context_window: int, max_tokens_limit: int) -> None:
+def check_lengths(prompt_tokens: int, max_tokens: int, context_window: int, max_tokens_limit: int,
+                  min_tokens: int = 1) -> None:
+    """min_tokens 0: a score-only request (echo with logprobs) generates nothing."""
     if prompt_tokens == 0:
         raise BadInput("the prompt is empty: send a prompt to continue")
-    if not 1 <= max_tokens <= max_tokens_limit:
-        raise BadInput(f"max_tokens must be between 1 and {max_tokens_limit}, got {max_tokens}")
+    if not min_tokens <= max_tokens <= max_tokens_limit:
+        raise BadInput(f"max_tokens must be between {min_tokens} and {max_tokens_limit}, got {max_tokens}"
+                       f"{' (0 only with echo and logprobs: score the prompt)' if min_tokens else ''}")
     longest_prompt = context_window - max_tokens
     if prompt_tokens > longest_prompt:
         raise BadInput(f"the prompt has {prompt_tokens} tokens, but with max_tokens={max_tokens} the context "

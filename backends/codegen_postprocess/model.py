@@ -3,14 +3,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from codegen_common.detokenizer import Detokenizer  # noqa: E402
+from codegen_common.detokenizer import Detokenizer, cut_at_stop_words  # noqa: E402
 from codegen_common.generation_params import GenerationParams  # noqa: E402
 from stage_common.request_inputs import row_stop_words  # noqa: E402
 from stage_common.triton_io import execute_batched, input_array, string_tensor, text_rows, version_dir  # noqa: E402
 
 
 def _parse(request) -> list[tuple]:
-    """One (ids, stop words, prompt to prepend) per row; ids padded with negatives are cut."""
+    """One (ids, stop words, prompt to prepend, healed prefix to cut) per row; ids padded with negatives are cut."""
     ids = input_array(request, "output_ids")
     ids = ids.reshape(1, -1) if ids.ndim == 1 else ids
     n = ids.shape[0]
@@ -23,17 +23,20 @@ def _parse(request) -> list[tuple]:
     prompts = text_rows(request, "text_input") if input_array(request, "text_input", optional=True) is not None \
         else [""] * n
     echo = [bool(params and not params[i].exclude_input) for i in range(n)]
-    return [(row[row >= 0], stops[i], prompts[i] if echo[i] else "") for i, row in enumerate(ids)]
+    healed = [params[i].heal_prefix if params else "" for i in range(n)]
+    return [(row[row >= 0], stops[i], prompts[i] if echo[i] else "", healed[i]) for i, row in enumerate(ids)]
 
 
 def _decode(detokenizer: Detokenizer, requests: list[list[tuple]]) -> list[list[str] | Exception]:
     """Every request's texts; a request whose row fails to decode gets that error alone."""
-    flat = detokenizer.decode([(ids, stop) for rows in requests for ids, stop, _ in rows])
+    # token healing's prefix is cut before the stop words are looked for (it belongs to the prompt)
+    flat = detokenizer.decode([(ids, []) for rows in requests for ids, _, _, _ in rows])
     out, at = [], 0
     for rows in requests:
         texts = flat[at:at + len(rows)]
         failed = [t for t in texts if isinstance(t, Exception)]
-        out.append(failed[0] if failed else [prompt + text for (_, _, prompt), text in zip(rows, texts)])
+        out.append(failed[0] if failed else [prompt + cut_at_stop_words(text[len(healed):], stop)
+                                             for (_, stop, prompt, healed), text in zip(rows, texts)])
         at += len(rows)
     return out
 

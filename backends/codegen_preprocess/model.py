@@ -6,25 +6,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
+from codegen_preprocess.healing import heal_rows  # noqa: E402
 from codegen_preprocess.prompt_encoder import PromptEncoder, context_window  # noqa: E402
 from codegen_preprocess.row_params import RowLimits, parse_rows  # noqa: E402
 from stage_common.params import config_param  # noqa: E402
 from stage_common.triton_io import execute_batched, load_model_config, string_tensor, version_dir  # noqa: E402
 
 
-def _respond(rows, ids_per_row: list[np.ndarray]) -> list:
+def _respond(_rows, healed: list[tuple[np.ndarray, object]]) -> list:
+    """healed: (ids, resolved GenerationParams) per row (healing.heal_rows)."""
+    ids_per_row = [ids for ids, _ in healed]
     width = max(ids.shape[0] for ids in ids_per_row)
     ids = np.zeros((len(ids_per_row), width), np.int32)
     for i, row in enumerate(ids_per_row):
         ids[i, :row.shape[0]] = row
     lengths = np.array([[row.shape[0]] for row in ids_per_row], np.int32)
     return [pb_utils.Tensor("input_ids", ids), pb_utils.Tensor("input_lengths", lengths),
-            string_tensor("generation_params", [r.params.to_json() for r in rows], (len(rows), 1))]
+            string_tensor("generation_params", [params.to_json() for _, params in healed], (len(healed), 1))]
 
 
 class TritonPythonModel:
     """text_input (TYPE_STRING [1]) per row, max_tokens/request_output_len, sampling inputs, stop_words,
-    sampling_parameters (JSON), exclude_input_in_output, stream -> input_ids (INT32 [-1], right-padded
+    sampling_parameters (JSON), exclude_input_in_output, stream, logprobs, token_healing -> input_ids (INT32 [-1], right-padded
     with 0 to the longest row), input_lengths (INT32 [1]), generation_params (TYPE_STRING [1]: the
     row's resolved parameters, JSON). Every limit is checked here, before the generator."""
 
@@ -37,5 +40,8 @@ class TritonPythonModel:
                                      config_param(config, "max_tokens_limit", int))
 
     def execute(self, requests):
-        return execute_batched(requests, parse=lambda r: parse_rows(r, self.limits), compute=self.encoder.encode_rows,
+        return execute_batched(requests, parse=lambda r: parse_rows(r, self.limits), compute=self._encode,
                                respond=_respond)
+
+    def _encode(self, requests: list[list]) -> list:
+        return heal_rows(requests, self.encoder.encode_rows(requests), self.encoder.tokenizer.decode)

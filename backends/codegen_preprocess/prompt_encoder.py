@@ -41,13 +41,17 @@ class PromptEncoder:
         self.tokenizer.no_truncation()  # a too-long prompt is an error that names the limit
         self.context_window, self.max_tokens_limit = context_window, max_tokens_limit
 
-    def encode(self, requests: list[PromptRequest]) -> list[np.ndarray | BadInput]:
+    def encode(self, requests: list[PromptRequest], zero_tokens_ok: list[bool] | None = None
+               ) -> list[np.ndarray | BadInput]:
         """int32 ids per request, exactly as the transformers tokenizer gives them (and never
         token_type_ids: GPT-J would embed them at every position), or the request's error."""
         out: list[np.ndarray | BadInput] = []
-        for request, encoding in zip(requests, self.tokenizer.encode_batch([r.prompt for r in requests])):
+        zero_tokens_ok = zero_tokens_ok or [False] * len(requests)
+        for request, encoding, zero_ok in zip(requests, self.tokenizer.encode_batch([r.prompt for r in requests]),
+                                              zero_tokens_ok):
             try:
-                check_lengths(len(encoding.ids), request.max_tokens, self.context_window, self.max_tokens_limit)
+                check_lengths(len(encoding.ids), request.max_tokens, self.context_window, self.max_tokens_limit,
+                              min_tokens=0 if zero_ok else 1)
                 out.append(np.asarray(encoding.ids, dtype=np.int32))
             except BadInput as exc:
                 out.append(exc)
@@ -57,7 +61,8 @@ class PromptEncoder:
         """encode for requests of several rows (PromptRow: prompt + params): one list of ids per request,
         or the error of its first bad row (a request is the client's one unit)."""
         flat = [PromptRequest(row.prompt, row.params.max_tokens) for rows in requests for row in rows]
-        encoded = iter(self.encode(flat))
+        zero_ok = [row.params.prompt_logprobs for rows in requests for row in rows]  # score only: max_tokens 0
+        encoded = iter(self.encode(flat, zero_ok))
         out: list = []
         for rows in requests:
             ids = [next(encoded) for _ in rows]

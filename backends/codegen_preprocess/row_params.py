@@ -35,6 +35,7 @@ def parse_rows(request, limits: RowLimits) -> list[PromptRow]:
     top_p, seed = row_values(request, "runtime_top_p", n), row_values(request, "random_seed", n)
     exclude, stream = row_values(request, "exclude_input_in_output", n), row_values(request, "stream", n)
     del stream  # a valid BOOL per row is all the unary model asks of it (checked by row_values)
+    logprobs, healing = row_values(request, "logprobs", n), row_values(request, "token_healing", n)
     sampling = row_values(request, "sampling_parameters", n)
     stop = row_stop_words(request, n)
     rows = []
@@ -45,7 +46,9 @@ def parse_rows(request, limits: RowLimits) -> list[PromptRow]:
                                   temperature=float(_at(temperature, i, 0.0)), top_k=int(_at(top_k, i, 0)),
                                   top_p=float(_at(top_p, i, 1.0)),
                                   seed=None if seed is None else int(seed[i]), stop=tuple(stop[i]),
-                                  exclude_input=bool(_at(exclude, i, True)))
+                                  exclude_input=bool(_at(exclude, i, True)),
+                                  logprobs=None if logprobs is None or logprobs[i] < 0 else int(logprobs[i]),
+                                  token_healing=bool(_at(healing, i, True)))
         if sampling is not None:
             raw = sampling[i]
             text = decode_utf8(raw if isinstance(raw, bytes) else str(raw).encode(), "sampling_parameters")

@@ -7,8 +7,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from codegen_common.bls_client import GeneratorClient  # noqa: E402
-from codegen_common.detokenizer import Detokenizer  # noqa: E402
+from codegen_common.bls_client import GeneratorClient, generator_error  # noqa: E402
+from codegen_common.completion_text import CompletionTexts  # noqa: E402
 from codegen_common.generation_params import GenerationParams  # noqa: E402
 from stage_common.errors import BadInput, StageError, check_finish_reason  # noqa: E402
 from stage_common.bls_deadline import CallLost, CallTimedOut, call_with_deadline  # noqa: E402
@@ -16,6 +16,7 @@ from stage_common.bls_iterators import IteratorRelease  # noqa: E402
 from stage_common.bounded_workers import BoundedWorkers  # noqa: E402
 from stage_common.in_flight_metric import in_flight_gauge  # noqa: E402
 from stage_common.params import config_param  # noqa: E402
+from stage_common.tracing import request_traceparent  # noqa: E402
 from stage_common.triton_io import error_response, load_model_config, string_tensor, version_dir  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -26,7 +27,8 @@ MAX_FETCHES_AFTER_STOP = 8
 PREPROCESS_INPUTS = {"text_input": "text_input", "max_tokens": "request_output_len", "temperature": "temperature",
                      "top_k": "runtime_top_k", "top_p": "runtime_top_p", "random_seed": "random_seed",
                      "stop_words": "stop_words", "sampling_parameters": "sampling_parameters",
-                     "exclude_input_in_output": "exclude_input_in_output", "stream": "stream"}
+                     "exclude_input_in_output": "exclude_input_in_output", "stream": "stream",
+                     "logprobs": "logprobs", "token_healing": "token_healing"}
 
 
 def _renamed(request, mapping: dict[str, str]) -> list:
@@ -53,7 +55,7 @@ def _first(responses: list, check: bool = True):
 
 def _ok(response):
     if response.has_error():
-        raise StageError(response.error())
+        raise generator_error(response.error())  # a preprocessing error passes as it is too
     return response
 
 
@@ -68,10 +70,10 @@ class TritonPythonModel:
         config = load_model_config(args)
         self.preprocess = config_param(config, "preprocess_model", str)
         # every BLS call has a deadline; a generator call also fails at once when its row was lost (issue 35)
-        self.generator = GeneratorClient(config_param(config, "generator_model", str), config)
+        self.generator = GeneratorClient(config_param(config, "generator_model", str), config, args["model_name"])
         self.preprocess_timeout_s = config_param(config, "preprocess_timeout_s", float, 30.0)
         # pieces are decoded here, not by a BLS call to codegen_postprocess per piece: one hop less
-        self.detokenizer = Detokenizer(version_dir(args) / "tokenizer.json")
+        self.texts = CompletionTexts(version_dir(args) / "tokenizer.json")
         self.in_flight = in_flight_gauge(args["model_name"])  # the supervisor's "no request in flight"
         self.workers = BoundedWorkers(config_param(config, "max_in_flight", int, 64), "codegen-stream",
                                       on_change=self.in_flight.set)
@@ -86,8 +88,8 @@ class TritonPythonModel:
                 sender.send(error_response(exc), flags=FINAL)
         return None
 
-    def _call(self, model: str, inputs: list, outputs: list[str]):
-        call = pb_utils.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=outputs)
+    def _call(self, model: str, inputs: list, outputs: list[str], trace):
+        call = pb_utils.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=outputs, trace=trace)
         return _ok(call_with_deadline(call.exec, model, self.preprocess_timeout_s))
 
     def _serve(self, request, sender):
@@ -108,8 +110,13 @@ class TritonPythonModel:
     def _stream(self, request, sender, iterators: list):
         """Sends every piece but the last and returns the last response (None: a bare final flag)."""
         key = uuid.uuid4().hex
+        # the preprocessing joins this request's trace when Triton traces it (a BLS call without
+        # trace=request.trace() is never traced). The generator's calls do not: a decoupled BLS call given a
+        # trace crashes Triton 2.51 in OpenTelemetry mode (measured: Signal 11 in TRITONSERVER_ServerInferAsync;
+        # docs/observability.md); the first one carries the trace context as a parameter instead, under which
+        # the generator makes a span of its own (stage_common/tracing.py)
         tokens = self._call(self.preprocess, _renamed(request, PREPROCESS_INPUTS),
-                            ["input_ids", "input_lengths", "generation_params"])
+                            ["input_ids", "input_lengths", "generation_params"], request.trace())
         ids_in = pb_utils.get_output_tensor_by_name(tokens, "input_ids").as_numpy()
         if ids_in.shape[0] != 1:
             raise BadInput(f"codegen_stream takes one prompt per request, got {ids_in.shape[0]} rows")
@@ -123,24 +130,26 @@ class TritonPythonModel:
                 pb_utils.Tensor("pull", np.array([[True]]))] \
             + [pb_utils.Tensor(name, array) for name, array in params.generator_arrays().items()]
         prefix = b"" if params.exclude_input else _text(request, "text_input")
+        answer = self.texts.start(params, ids_in[0])  # healed prefix and stop words cut, logprobs
+        traceparent = request_traceparent(request.trace())  # the generation's call only (None for fetches)
         try:
             while True:
-                response = _first(self.generator.call(key, call, iterators))
+                response = _first(self.generator.call(key, call, iterators, traceparent=traceparent))
+                traceparent = None
                 if request.is_cancelled():
                     self._stop(key, iterators)
                     return None
                 ids = pb_utils.get_output_tensor_by_name(response, "output_ids").as_numpy().reshape(-1)
                 reason = _text(response, "finish_reason", output=True).decode()
                 count = pb_utils.get_output_tensor_by_name(response, "completion_tokens").as_numpy().reshape(-1)[0]
-                piece = self.detokenizer.decode([(ids, params.stop)])[0]
-                if isinstance(piece, Exception):
-                    raise piece
-                text, prefix = prefix + piece.encode(), b""
+                text, logprobs = answer.piece(ids, _text(response, "logprobs", output=True), prefix.decode())
+                prefix = b""
                 out = pb_utils.InferenceResponse([
-                    pb_utils.Tensor("text_output", np.array([[text]], dtype=np.object_)),
+                    pb_utils.Tensor("text_output", np.array([[text.encode()]], dtype=np.object_)),
                     string_tensor("finish_reason", [reason], (1, 1)),
                     pb_utils.Tensor("prompt_tokens", np.array([[prompt_tokens]], np.int32)),
-                    pb_utils.Tensor("completion_tokens", np.array([[count]], np.int32))])
+                    pb_utils.Tensor("completion_tokens", np.array([[count]], np.int32))]
+                    + ([string_tensor("logprobs", [logprobs], (1, 1))] if logprobs else []))
                 if reason:
                     # "stop" or "length" only (README): the generator says "cancelled" when it dropped the row
                     # (a stop this front did not send, or its caller deemed gone): an error, not an end

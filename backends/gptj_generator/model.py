@@ -7,14 +7,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from gptj_generator.engine import FINISH_REASONS, GenerationRequest  # noqa: E402
-from gptj_generator.loading import load_engine  # noqa: E402
+from codegen_common import logprobs_wire  # noqa: E402
+from gptj_generator.loading import choose_engine, engine_options, load_engine  # noqa: E402
 from gptj_generator.pulled_stream import Chunk, PulledStream, PulledStreams  # noqa: E402
-from gptj_generator.sampling import SamplingParams  # noqa: E402
+from gptj_generator.seam import FINISH_REASONS, GenerationRequest, SamplingParams  # noqa: E402
 from stage_common.errors import BadInput  # noqa: E402
 from stage_common.params import config_param  # noqa: E402
 from stage_common.request_inputs import scalar_input, stop_words_input  # noqa: E402
-from stage_common.torch_runtime import configure_torch  # noqa: E402
+from stage_common.tracing import StageTracing, traceparent_of  # noqa: E402
 from stage_common.triton_io import (error_response, input_array, load_model_config, string_tensor,  # noqa: E402
                                     version_dir)
 
@@ -33,15 +33,26 @@ def parse(request) -> tuple[GenerationRequest, bool, bool]:
                               top_p=float(scalar_input(request, "runtime_top_p", 1.0)),
                               seed=scalar_input(request, "random_seed"))
     max_tokens = int(scalar_input(request, "request_output_len", required=True))
+    logprobs = scalar_input(request, "logprobs")  # absent: none; k: each id's logprob and k alternatives
+    heal = input_array(request, "heal_prefix", optional=True)  # token healing's backed-off bytes
+    heal_prefix = b"" if heal is None or heal.size == 0 else heal.reshape(-1)[0]
     generation = GenerationRequest(ids[0, :length].tolist(), max_tokens, sampling, stop_words_input(request),
-                                   key=request.request_id() or None)
+                                   key=request.request_id() or None,
+                                   logprobs=None if logprobs is None else int(logprobs),
+                                   prompt_logprobs=bool(scalar_input(request, "prompt_logprobs", False)),
+                                   heal_prefix=heal_prefix if isinstance(heal_prefix, bytes) else str(heal_prefix).encode())
     return generation, bool(scalar_input(request, "streaming", True)), bool(scalar_input(request, "pull", False))
 
 
-def ids_response(ids: list[int], reason: str, count: int):
-    return pb_utils.InferenceResponse([pb_utils.Tensor("output_ids", np.array([ids], np.int32)),
-                                       string_tensor("finish_reason", [reason], (1, 1)),
-                                       pb_utils.Tensor("completion_tokens", np.array([[count]], np.int32))])
+def ids_response(ids: list[int], reason: str, count: int, logprobs: list | None = None,
+                 prompt_logprobs: list | None = None):
+    """`logprobs` (JSON, codegen_common/logprobs_wire.py) only for requests that asked for them."""
+    tensors = [pb_utils.Tensor("output_ids", np.array([ids], np.int32)),
+               string_tensor("finish_reason", [reason], (1, 1)),
+               pb_utils.Tensor("completion_tokens", np.array([[count]], np.int32))]
+    if logprobs is not None or prompt_logprobs is not None:
+        tensors.append(string_tensor("logprobs", [logprobs_wire.encode(logprobs or [], prompt_logprobs)], (1, 1)))
+    return pb_utils.InferenceResponse(tensors)
 
 
 def deliver_chunk(sender, chunk: Chunk) -> None:
@@ -51,7 +62,8 @@ def deliver_chunk(sender, chunk: Chunk) -> None:
             sender.send(error_response(chunk.error), flags=FINAL)
         else:
             reason = FINISH_REASONS[chunk.finish_reason] if chunk.finish_reason else ""
-            sender.send(ids_response(chunk.token_ids, reason, chunk.completion_tokens), flags=FINAL)
+            sender.send(ids_response(chunk.token_ids, reason, chunk.completion_tokens, chunk.logprobs,
+                                     chunk.prompt_logprobs), flags=FINAL)
     except Exception:  # noqa: BLE001 - the caller is gone; its stream ends by the abandon timeout
         pass
 
@@ -66,20 +78,34 @@ class ResponseSink:
         self.request, self.sender, self.streaming = request, sender, streaming
         self.collected: list[int] = []
         self.count = 0
+        self.logprobs: list | None = None  # unary: every id's (requests that asked)
+        self.prompt_logprobs: list | None = None
 
-    def _respond(self, ids: list[int], reason: str = "", flags: int = 0) -> None:
-        self.sender.send(ids_response(ids, reason, self.count), flags=flags)
+    def _respond(self, ids: list[int], reason: str = "", flags: int = 0, logprobs=None, prompt_logprobs=None) -> None:
+        self.sender.send(ids_response(ids, reason, self.count, logprobs, prompt_logprobs), flags=flags)
 
-    def send(self, token_ids: list[int]) -> None:
+    def send(self, token_ids: list[int], logprobs: list | None = None, prompt_logprobs: list | None = None) -> None:
         self.count += len(token_ids)
         if self.streaming:
-            self._respond(token_ids)
+            self._respond(token_ids, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
         else:
             self.collected += token_ids
+            self._keep(logprobs, prompt_logprobs)
 
-    def finish(self, reason: str, token_ids: list[int]) -> None:
+    def _keep(self, logprobs, prompt_logprobs) -> None:
+        if logprobs is not None:
+            self.logprobs = (self.logprobs or []) + logprobs
+        if prompt_logprobs is not None:
+            self.prompt_logprobs = prompt_logprobs
+
+    def finish(self, reason: str, token_ids: list[int], logprobs: list | None = None,
+               prompt_logprobs: list | None = None) -> None:
         self.count += len(token_ids)
-        self._respond(token_ids if self.streaming else self.collected + token_ids, FINISH_REASONS[reason], FINAL)
+        if self.streaming:
+            self._respond(token_ids, FINISH_REASONS[reason], FINAL, logprobs, prompt_logprobs)
+            return
+        self._keep(logprobs, prompt_logprobs)
+        self._respond(self.collected + token_ids, FINISH_REASONS[reason], FINAL, self.logprobs, self.prompt_logprobs)
 
     def fail(self, error: BaseException) -> None:
         try:
@@ -124,17 +150,18 @@ class EngineMetrics:
     def update(self, engine) -> None:
         """Each metric call is a round trip to the server: the two gauges every loop turn they change,
         the rest at most every 0.2 s, and when idle."""
-        gauges = (engine.running, engine.pending)
+        stats = engine.stats()
+        gauges = (stats.running, stats.pending)
         if gauges != self._gauges:
             self.running_gauge.set(gauges[0])
             self.pending_gauge.set(gauges[1])
             self._gauges = gauges
         now_s = time.monotonic()
-        if engine.active and now_s - self._updated_at < 0.2:
+        if stats.active and now_s - self._updated_at < 0.2:
             return
         self._updated_at = now_s
-        self.active.set(engine.active)
-        now = (engine.steps, engine.rows_decoded, int(engine.busy_seconds * 1e6), int(engine.request_seconds * 1e6))
+        self.active.set(stats.active)
+        now = (stats.steps, stats.rows_decoded, int(stats.busy_seconds * 1e6), int(stats.request_seconds * 1e6))
         if now != self._seen:
             for metric, value, seen in zip((self.steps, self.rows, self.compute_us, self.request_compute_us),
                                            now, self._seen):
@@ -151,19 +178,20 @@ class TritonPythonModel:
 
     def initialize(self, args):
         config = load_model_config(args)
-        device = configure_torch(args, config)
+        kind = choose_engine(config_param(config, "engine", str, "auto"), args.get("model_instance_kind") == "GPU")
+        if kind == "torch":
+            from stage_common.torch_runtime import configure_torch
+
+            placement = dict(device=configure_torch(args, config))
+        else:
+            placement = dict(threads=config_param(config, "openvino_threads", int, 1))
         self.metrics = EngineMetrics(args["model_name"])
-        self.engine = load_engine(version_dir(args), config_param(config, "max_active_sequences", int, 16),
-                                  config_param(config, "max_tokens_limit", int, 512), device,
-                                  on_progress=self.metrics.update,
-                                  max_pending=config_param(config, "max_pending_requests", int, 256),
-                                  prefill_chunk_tokens=config_param(config, "prefill_chunk_tokens", int, 256),
-                                  max_stop_words=config_param(config, "max_stop_words", int, 8),
-                                  max_stop_word_chars=config_param(config, "max_stop_word_chars", int, 64),
-                                  cancel_poll_seconds=config_param(config, "cancel_poll_seconds", float, 0.0))
+        self.engine = load_engine(kind, version_dir(args), **engine_options(config), **placement,
+                                  on_progress=self.metrics.update)
         self.pulled = PulledStreams()
         # a pulled stream nobody fetched for this long (its caller's stub died) ends and frees its row
         self.abandon_after_s = config_param(config, "pulled_stream_abandon_s", float, 60.0)
+        self.tracing = StageTracing.from_env(args["model_name"])  # None (tracing off): no SDK, no span
 
     def execute(self, requests):
         for request in requests:
@@ -179,6 +207,9 @@ class TritonPythonModel:
                     self._probe(request, sender)
                     continue
                 generation, streaming, pull = parse(request)
+                if self.tracing is not None:  # a span under the caller's traceparent parameter, if it sent one
+                    generation.on_event = self.tracing.sequence(traceparent_of(request.parameters()), generation,
+                                                                self.engine.name, FINISH_REASONS)
                 if pull:
                     self._submit_pulled(generation, sender)
                 else:
@@ -221,3 +252,5 @@ class TritonPythonModel:
 
     def finalize(self):
         self.engine.close()
+        if self.tracing is not None:
+            self.tracing.close()

@@ -28,6 +28,8 @@ class Chunk:
     completion_tokens: int
     finish_reason: str | None = None
     error: BaseException | None = None
+    logprobs: list | None = None  # one TokenLogprob per id, for requests that asked
+    prompt_logprobs: list | None = None  # the prompt's, in the first chunk of a request with prompt_logprobs
 
     @property
     def last(self) -> bool:
@@ -49,6 +51,8 @@ class PulledStream:
         self._count = 0
         self._reason: str | None = None
         self._error: BaseException | None = None
+        self._logprobs: list | None = None  # of the ids not yet delivered (requests that asked)
+        self._prompt_logprobs: list | None = None
         self._waiting = first_sender  # the generation request itself waits for the first chunk
         # when the caller last had no call waiting here: set on each delivery, not at creation, so that the
         # time a request waits for a row (its first call parked all along) never counts as abandonment
@@ -56,11 +60,12 @@ class PulledStream:
         self.delivered_last = False
 
     # -- the engine's Sink
-    def send(self, token_ids: list[int]) -> None:
-        self._append(token_ids)
+    def send(self, token_ids: list[int], logprobs: list | None = None, prompt_logprobs: list | None = None) -> None:
+        self._append(token_ids, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
 
-    def finish(self, reason: str, token_ids: list[int]) -> None:
-        self._append(token_ids, reason=reason)
+    def finish(self, reason: str, token_ids: list[int], logprobs: list | None = None,
+               prompt_logprobs: list | None = None) -> None:
+        self._append(token_ids, reason=reason, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
 
     def fail(self, error: BaseException) -> None:
         self._append([], error=error)
@@ -90,9 +95,14 @@ class PulledStream:
             return (self._reason is not None or self._error is not None) and self._waiting is None \
                 and self._clock() - self._answered_at > self._abandon_after_s
 
-    def _append(self, token_ids: list[int], reason: str | None = None, error: BaseException | None = None) -> None:
+    def _append(self, token_ids: list[int], reason: str | None = None, error: BaseException | None = None,
+                logprobs: list | None = None, prompt_logprobs: list | None = None) -> None:
         with self._lock:
             self._ids += token_ids
+            if logprobs is not None:
+                self._logprobs = (self._logprobs or []) + logprobs
+            if prompt_logprobs is not None:
+                self._prompt_logprobs = prompt_logprobs
             self._count += len(token_ids)
             if reason is not None and self._reason is None and self._error is None:
                 self._reason = reason
@@ -106,10 +116,12 @@ class PulledStream:
         """The parked sender and everything not yet delivered, if there is a sender and something new."""
         if self._waiting is None or self.delivered_last:
             return None
-        if not self._ids and self._reason is None and self._error is None:
+        if not self._ids and self._reason is None and self._error is None and self._prompt_logprobs is None:
             return None
-        chunk = Chunk(self._ids, self._count, self._reason, self._error)
+        chunk = Chunk(self._ids, self._count, self._reason, self._error, self._logprobs, self._prompt_logprobs)
         sender, self._waiting, self._ids = self._waiting, None, []
+        self._logprobs = [] if self._logprobs is not None else None
+        self._prompt_logprobs = None
         self._answered_at = self._clock()
         self.delivered_last = chunk.last
         return sender, chunk

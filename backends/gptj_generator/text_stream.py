@@ -11,8 +11,9 @@ from typing import Sequence
 
 
 class TextStream:
-    def __init__(self, token_bytes: Sequence[bytes], stop_words: Sequence[str] = ()):
+    def __init__(self, token_bytes: Sequence[bytes], stop_words: Sequence[str] = (), skip_chars: int = 0):
         self.token_bytes = token_bytes
+        self.skip_chars = skip_chars  # the text's first characters are no stop word's (token healing's prefix)
         self.stop_words = [w for w in stop_words if w]
         self.longest_stop = max((len(w) for w in self.stop_words), default=0)
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -25,7 +26,7 @@ class TextStream:
 
     def push(self, token: int) -> list[int]:
         """Add one generated id; return the ids that can be released now (all of them once stopped)."""
-        searched_from = max(0, len(self.text) - self.longest_stop + 1)
+        searched_from = max(self.skip_chars, len(self.text) - self.longest_stop + 1)
         self.text += self.decoder.decode(self._bytes(token))
         clean = self.decoder.getstate()[0] == b""
         self.pending.append((token, len(self.text), clean))
@@ -50,7 +51,7 @@ class TextStream:
 
     def _stop_prefix_tail(self) -> int:
         """Length of the longest end of the text that is the start of a stop word."""
-        for n in range(min(self.longest_stop - 1, len(self.text)), 0, -1):
+        for n in range(min(self.longest_stop - 1, len(self.text) - self.skip_chars), 0, -1):
             tail = self.text[-n:]
             if any(w.startswith(tail) for w in self.stop_words):
                 return n

@@ -11,6 +11,7 @@ from typing import Callable
 
 import numpy as np
 
+from stage_common.gpu_placement import GpuPlacement
 from stage_common.onnx_runtime import onnx_session
 
 ONNX_FILE = "model.onnx"
@@ -75,8 +76,8 @@ def torch_logits(model_dir: Path, device) -> Logits:
     return logits
 
 
-def onnx_logits(model_dir: Path, threads: int, use_cuda: bool = False, device_id: int = 0) -> Logits:
-    session = onnx_session(Path(model_dir) / ONNX_FILE, threads, use_cuda, device_id)
+def onnx_logits(model_dir: Path, threads: int, gpu: GpuPlacement | None = None) -> Logits:
+    session = onnx_session(Path(model_dir) / ONNX_FILE, threads, gpu)
 
     def logits(pixel_values: np.ndarray) -> np.ndarray:
         return session.run(None, {"pixel_values": np.ascontiguousarray(pixel_values, dtype=np.float32)})[0]
@@ -84,15 +85,15 @@ def onnx_logits(model_dir: Path, threads: int, use_cuda: bool = False, device_id
     return logits
 
 
-def make_classifier(model_dir: Path, runtime: str, threads: int, gpu_device: int | None = None) -> ImageClassifier:
-    """runtime "onnx" (model.onnx, ONNX Runtime) or "torch" (the transformers folder); gpu_device set
-    when Triton placed the instance on a GPU."""
+def make_classifier(model_dir: Path, runtime: str, threads: int, gpu: GpuPlacement | None = None) -> ImageClassifier:
+    """runtime "onnx" (model.onnx, ONNX Runtime) or "torch" (the transformers folder); `gpu` set when
+    Triton placed the instance on a GPU."""
     if runtime == "onnx":
-        logits = onnx_logits(model_dir, threads, gpu_device is not None, gpu_device or 0)
+        logits = onnx_logits(model_dir, threads, gpu)
     elif runtime == "torch":
         from stage_common.torch_runtime import torch_device
 
-        logits = torch_logits(model_dir, torch_device(threads, gpu_device))
+        logits = torch_logits(model_dir, torch_device(threads, gpu))
     else:
         raise ValueError(f"runtime must be 'onnx' or 'torch', not {runtime!r}")
     return ImageClassifier(logits, labels_of(model_dir))

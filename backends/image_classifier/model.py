@@ -7,7 +7,7 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from image_classifier.classifier import ONNX_FILE, make_classifier  # noqa: E402
 from stage_common.params import runtime_params  # noqa: E402
-from stage_common.triton_io import (execute_batched, gpu_device, input_array, load_model_config,  # noqa: E402
+from stage_common.triton_io import (execute_batched, gpu_placement, input_array, load_model_config,  # noqa: E402
                                     string_tensor, version_dir)
 
 
@@ -20,7 +20,7 @@ class TritonPythonModel:
         config, folder = load_model_config(args), version_dir(args)
         # `runtime`: onnx (model.onnx, built and checked by `make model`) or torch
         runtime, threads = runtime_params(config, (folder / ONNX_FILE).is_file())
-        self.classifier = make_classifier(folder, runtime, threads, gpu_device(args))
+        self.classifier = make_classifier(folder, runtime, threads, gpu_placement(args))
         self.label_outputs = ["label"] + [o["name"] for o in config.get("output", []) if o["name"] == "prompt_label"]
 
     def execute(self, requests):

@@ -1,8 +1,10 @@
 """Encoded image bytes -> one RGB Pillow image: size checked from the header before any pixel is
-decoded, first frame only, EXIF orientation applied, every mode converted to 8-bit RGB."""
+decoded, first frame only, EXIF orientation applied, every mode converted to 8-bit RGB. A PNG's text and
+ICC chunks are dropped before Pillow reads it (`without_inflated_chunks`)."""
 from __future__ import annotations
 
 import io
+import struct
 import warnings
 
 import numpy as np
@@ -12,11 +14,38 @@ from stage_common.errors import BadInput
 
 _SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N", "I")
 _ALPHA = ("RGBA", "LA", "PA", "RGBa", "La")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# the ancillary chunks Pillow inflates (zTXt, iTXt, iCCP: up to PngImagePlugin.MAX_TEXT_CHUNK, 1 MiB, each,
+# however many there are) or keeps as text (tEXt); none of them changes a pixel of what this stage returns
+DROPPED_CHUNKS = frozenset((b"tEXt", b"zTXt", b"iTXt", b"iCCP"))
+
+
+def without_inflated_chunks(data: bytes) -> bytes:
+    """A PNG without its DROPPED_CHUNKS (the bytes as given when it has none, or is not a PNG): what the
+    image costs to open does not depend on its text chunks. Only lengths are read; a chunk that runs past
+    the end is kept as sent, for Pillow to refuse."""
+    if not data.startswith(PNG_SIGNATURE):
+        return data
+    kept, start, at = [], 0, len(PNG_SIGNATURE)
+    while at + 12 <= len(data):
+        length, kind = struct.unpack_from(">I4s", data, at)
+        end = at + 12 + length
+        if end > len(data) or kind == b"IEND":
+            break
+        if kind in DROPPED_CHUNKS:
+            kept.append(data[start:at])
+            start = end
+        at = end
+    if start == 0:
+        return data
+    kept.append(data[start:])
+    return b"".join(kept)
 
 
 def decode_image(data: bytes, max_pixels: int) -> Image.Image:
     if not data:
         raise BadInput("image is empty (zero bytes)")
+    data = without_inflated_chunks(data)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)

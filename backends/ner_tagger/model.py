@@ -9,7 +9,7 @@ from ner_tagger.rows import Bounds, sentence_rows  # noqa: E402
 from ner_tagger.runtimes import has_onnx, make_tagger  # noqa: E402
 from stage_common.isolation import each_alone_on_failure  # noqa: E402
 from stage_common.params import config_param, runtime_params  # noqa: E402
-from stage_common.triton_io import (execute_batched, gpu_device, input_array, load_model_config,  # noqa: E402
+from stage_common.triton_io import (execute_batched, gpu_placement, input_array, load_model_config,  # noqa: E402
                                     version_dir)
 
 INPUTS = ("char_ids", "sentence_chars", "sentence_tokens", "token_positions", "token_count")
@@ -23,7 +23,7 @@ class TritonPythonModel:
     def initialize(self, args):
         config, folder = load_model_config(args), version_dir(args)
         # `runtime`: onnx (the graphs `make model` wrote and checked against torch) or torch
-        self.runner = make_tagger(folder, *runtime_params(config, has_onnx(folder)), gpu_device(args))
+        self.runner = make_tagger(folder, *runtime_params(config, has_onnx(folder)), gpu_placement(args))
         self.chars_per_forward = config_param(config, "chars_per_forward", int, 16000)
         self.bounds = Bounds(config_param(config, "max_request_lm_characters", int, 15000),
                              config_param(config, "max_sentence_lm_characters", int, 2001))

@@ -10,6 +10,7 @@ import numpy as np
 
 from ner_tagger.rows import DIRECTIONS, TaggerRows
 from ner_tagger.segments import plan_segments
+from stage_common.gpu_placement import GpuPlacement
 from stage_common.onnx_runtime import onnx_session
 
 HEAD_FILE = "tagger_head.onnx"
@@ -49,11 +50,11 @@ class _CharLM:
 class OnnxNerTagger(TaggerRows):
     runtime = "onnx"
 
-    def __init__(self, model_dir: Path, threads: int, gpu_device: int | None = None):
+    def __init__(self, model_dir: Path, threads: int, gpu: GpuPlacement | None = None):
         config = json.loads((Path(model_dir) / "tagger_config.json").read_text())
 
         def session(name: str):
-            return onnx_session(Path(model_dir) / name, threads, gpu_device is not None, gpu_device or 0)
+            return onnx_session(Path(model_dir) / name, threads, gpu)
 
         self.lm_order = [lm["direction"] for lm in config["char_lms"]]  # flair's concatenation order
         self.char_lms = {lm["direction"]: _CharLM(session(char_lm_file(lm["direction"])), lm["nlayers"],

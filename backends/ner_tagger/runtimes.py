@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ner_tagger.onnx_tagger import HEAD_FILE, OnnxNerTagger
 from ner_tagger.rows import TaggerRows
+from stage_common.gpu_placement import GpuPlacement
 
 RUNTIMES = ("onnx", "torch")
 
@@ -15,12 +16,12 @@ def has_onnx(model_dir: Path) -> bool:
     return (Path(model_dir) / HEAD_FILE).is_file()
 
 
-def make_tagger(model_dir: Path, runtime: str, threads: int, gpu_device: int | None = None) -> TaggerRows:
+def make_tagger(model_dir: Path, runtime: str, threads: int, gpu: GpuPlacement | None = None) -> TaggerRows:
     if runtime == "onnx":
-        return OnnxNerTagger(model_dir, threads, gpu_device)
+        return OnnxNerTagger(model_dir, threads, gpu)
     if runtime == "torch":
         from ner_tagger.tagger import NerTaggerRunner
         from stage_common.torch_runtime import torch_device
 
-        return NerTaggerRunner(model_dir, torch_device(threads, gpu_device))
+        return NerTaggerRunner(model_dir, torch_device(threads, gpu))
     raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")

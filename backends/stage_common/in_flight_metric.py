@@ -11,10 +11,13 @@ import os
 import triton_python_backend_utils as pb_utils
 
 FAMILY = "bls_front_requests_in_flight"
+# a MetricFamily that is garbage-collected takes its metrics off /metrics: the families live as long as the stub
+KEPT_FAMILIES: list = []
 
 
 def in_flight_gauge(model_name: str):
     """A Metric whose set(n) publishes this stub's count of requests in flight."""
     family = pb_utils.MetricFamily(FAMILY, "requests a BLS front has in flight, per stub process",
                                    pb_utils.MetricFamily.GAUGE)
+    KEPT_FAMILIES.append(family)
     return family.Metric({"model": model_name, "stub_pid": str(os.getpid())})

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -9,6 +10,10 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from stage_common.errors import BadInput, Overloaded, StageError, check_limit, decode_utf8, internal_error_message
+from stage_common.gpu_placement import GpuPlacement, placement_from_args
+
+GPU_FALLBACK_METRIC = "stage_gpu_fallback"
+_fallback_metrics: list = []
 
 
 def load_model_config(args: dict) -> dict:
@@ -20,9 +25,21 @@ def version_dir(args: dict) -> Path:
     return Path(args["model_repository"]) / args["model_version"]
 
 
-def gpu_device(args: dict) -> int | None:
-    """The GPU Triton placed this instance on (KIND_AUTO/KIND_GPU), None on a CPU instance."""
-    return int(args.get("model_instance_device_id", 0)) if args.get("model_instance_kind") == "GPU" else None
+def gpu_placement(args: dict) -> GpuPlacement | None:
+    """The GPU Triton placed this instance on (KIND_AUTO/KIND_GPU), None on a CPU instance. A runtime that
+    cannot use it refuses to load; with ALLOW_CPU_FALLBACK=1 it runs on the CPU, warns once and sets the gauge
+    `stage_gpu_fallback` (1 per such stub) on Triton's /metrics."""
+    return placement_from_args(args, on_fallback=lambda runtime, missing: _fallback_gauge(args, runtime))
+
+
+def _fallback_gauge(args: dict, runtime: str) -> None:
+    family = pb_utils.MetricFamily(GPU_FALLBACK_METRIC, "stage instances that Triton placed on a GPU but run on the "
+                                   "CPU (ALLOW_CPU_FALLBACK=1), per stub process", pb_utils.MetricFamily.GAUGE)
+    labels = {"model": args.get("model_name", "?"), "gpu": str(args.get("model_instance_device_id", 0)),
+              "runtime": runtime, "stub_pid": str(os.getpid())}
+    metric = family.Metric(labels)
+    metric.set(1)
+    _fallback_metrics.append((family, metric))  # a Metric lives as long as Python holds it
 
 
 def input_array(request, name: str, optional: bool = False) -> np.ndarray | None:

@@ -10,6 +10,7 @@ from typing import Callable
 
 import numpy as np
 
+from stage_common.gpu_placement import GpuPlacement
 from stage_common.onnx_runtime import onnx_session
 
 ONNX_FILE = "model.onnx"
@@ -88,9 +89,9 @@ def torch_forward(model_dir: Path, device, threads: int | None = None):
     return forward, model.config.hidden_size
 
 
-def onnx_forward(model_dir: Path, threads: int, use_cuda: bool = False, device_id: int = 0):
+def onnx_forward(model_dir: Path, threads: int, gpu: GpuPlacement | None = None):
     """(forward, hidden_size) of `model_dir/model.onnx` (inputs input_ids, attention_mask)."""
-    session = onnx_session(Path(model_dir) / ONNX_FILE, threads, use_cuda, device_id)
+    session = onnx_session(Path(model_dir) / ONNX_FILE, threads, gpu)
     hidden_size = session.get_outputs()[0].shape[-1]
     if not isinstance(hidden_size, int):
         import json
@@ -113,22 +114,22 @@ def token_bounds(model_dir: Path) -> tuple[int | None, int | None]:
 
 
 def make_encoder(model_dir: Path, runtime: str, threads: int, rows_per_forward: int = 8,
-                 gpu_device: int | None = None, small_batch_threads: int = 0,
+                 gpu: GpuPlacement | None = None, small_batch_threads: int = 0,
                  small_batch_rows: int = 0) -> TransformerEncoder:
-    """runtime "onnx" (model.onnx, ONNX Runtime) or "torch" (the transformers folder); gpu_device set
-    when Triton placed the instance on a GPU. With ONNX on CPU, `small_batch_threads` > `threads` adds a
+    """runtime "onnx" (model.onnx, ONNX Runtime) or "torch" (the transformers folder); `gpu` set when
+    Triton placed the instance on a GPU. With ONNX on CPU, `small_batch_threads` > `threads` adds a
     second session (the same weights, ~1x the model's size more memory) for executions of at most
     `small_batch_rows` rows."""
     if runtime == "onnx":
-        use_cuda = gpu_device is not None
-        forward, hidden = onnx_forward(model_dir, threads, use_cuda, gpu_device or 0)
-        if not use_cuda and small_batch_threads > threads and small_batch_rows > 0:
+        forward, hidden = onnx_forward(model_dir, threads, gpu)
+        on_cpu = gpu is None or gpu.device is None  # a CPU instance, or one that fell back
+        if on_cpu and small_batch_threads > threads and small_batch_rows > 0:
             small, _ = onnx_forward(model_dir, small_batch_threads)
             return TransformerEncoder(forward, hidden, rows_per_forward, small, small_batch_rows)
     elif runtime == "torch":
         from stage_common.torch_runtime import torch_device
 
-        forward, hidden = torch_forward(model_dir, torch_device(threads, gpu_device))
+        forward, hidden = torch_forward(model_dir, torch_device(threads, gpu))
     else:
         raise ValueError(f"runtime must be 'onnx' or 'torch', not {runtime!r}")
     return TransformerEncoder(forward, hidden, rows_per_forward)

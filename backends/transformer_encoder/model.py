@@ -8,7 +8,7 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 from stage_common.errors import check_token_rows  # noqa: E402
 from stage_common.isolation import each_alone_on_failure  # noqa: E402
 from stage_common.params import config_param, runtime_params  # noqa: E402
-from stage_common.triton_io import execute_batched, gpu_device, input_array, load_model_config, version_dir  # noqa: E402
+from stage_common.triton_io import execute_batched, gpu_placement, input_array, load_model_config, version_dir  # noqa: E402
 from transformer_encoder.encoder import ONNX_FILE, make_encoder, token_bounds  # noqa: E402
 
 
@@ -26,7 +26,7 @@ class TritonPythonModel:
         # `runtime`: onnx (model.onnx, built and checked by `make model`) or torch
         runtime, threads = runtime_params(config, (folder / ONNX_FILE).is_file())
         self.encoder = make_encoder(folder, runtime, threads, config_param(config, "rows_per_forward", int, 8),
-                                    gpu_device(args),
+                                    gpu_placement(args),
                                     config_param(config, "small_batch_threads", int, 0),
                                     config_param(config, "small_batch_rows", int, 0))
         # an id outside the vocabulary or a row longer than the position embeddings would fail the whole

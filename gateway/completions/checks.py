@@ -6,9 +6,11 @@ import math
 
 from gateway.errors import BadRequest, NotFound
 from gateway.schemas.completions import DEFAULT_MAX_TOKENS, CompletionRequest
+from gateway.schemas.text_input import input_form
 from gateway.settings import Settings
 
 MAX_STOP = 4  # as OpenAI
+MAX_LOGPROBS = 5  # as OpenAI
 MAX_SEED = 2**63 - 1
 
 
@@ -19,6 +21,9 @@ def _bad(message: str, param: str, code: str = "invalid_value") -> BadRequest:
 def prompts_of(body: CompletionRequest, settings: Settings) -> list[str]:
     if body.prompt is None:
         raise _bad("you must provide a prompt", "prompt", "missing_required_parameter")
+    if input_form(body.prompt) in ("tokens", "token_arrays"):
+        raise _bad("prompt holds token ids: this model takes text only (ids made by another tokenizer would be "
+                   "other text here); send the prompt as a string", "prompt", "token_ids_not_supported")
     prompts = [body.prompt] if isinstance(body.prompt, str) else list(body.prompt)
     if not prompts:
         raise _bad("prompt is an empty list: send at least one prompt", "prompt")
@@ -40,14 +45,33 @@ def stop_words_of(body: CompletionRequest) -> list[str]:
     return [s for s in stop if s]  # an empty stop string stops nothing
 
 
+# OpenAI parameters this model cannot honour, each with the value that does nothing (accepted, as clients
+# send their defaults explicitly: logprobs=0, suffix="", penalties of 0) and why any other value is refused
+NO_OPS: dict[str, tuple[str, str]] = {
+    "suffix": ('null or ""', "the model completes after the prompt only (no insertion)"),
+    "logit_bias": ("null, {} or biases of 0", "the generator takes no token biases"),
+    "best_of": ("null or equal to n", "the generator returns every sequence it samples (use n)"),
+    "presence_penalty": ("null or 0", "the generator applies no penalties"),
+    "frequency_penalty": ("null or 0", "the generator applies no penalties"),
+}
+
+
+def _is_no_op(name: str, value, n: int) -> bool:
+    if value is None:
+        return True
+    if name == "logit_bias":
+        return all(bias == 0 for bias in value.values())
+    if name == "best_of":
+        return value == n
+    return value in (0, "")  # suffix "", penalties 0 (0.0 == 0)
+
+
 def check_unsupported(body: CompletionRequest) -> None:
     n = body.n or 1
-    refused = [("logprobs", body.logprobs is not None), ("suffix", body.suffix is not None),
-               ("logit_bias", bool(body.logit_bias)), ("best_of", body.best_of is not None and body.best_of != n),
-               ("presence_penalty", bool(body.presence_penalty)), ("frequency_penalty", bool(body.frequency_penalty))]
-    for name, is_set in refused:
-        if is_set:
-            raise _bad(f"{name} is not supported by this model: leave it out", name, "unsupported_parameter")
+    for name, (no_op, why) in NO_OPS.items():
+        if not _is_no_op(name, getattr(body, name), n):
+            raise _bad(f"{name} is not supported by this model ({why}): leave it out or send {no_op}", name,
+                       "unsupported_parameter")
 
 
 def check(body: CompletionRequest, settings: Settings) -> list[str]:
@@ -59,10 +83,14 @@ def check(body: CompletionRequest, settings: Settings) -> list[str]:
                        f"'{settings.completions_model}'", param="model", code="model_not_found")
     check_unsupported(body)
     prompts = prompts_of(body, settings)
+    if body.logprobs is not None and not 0 <= body.logprobs <= MAX_LOGPROBS:
+        raise _bad(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {body.logprobs}", "logprobs")
     max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
-    if not 1 <= max_tokens <= settings.completions_max_tokens:
+    scoring = bool(body.echo) and body.logprobs is not None  # max_tokens 0: score the prompt only
+    if not (0 if scoring else 1) <= max_tokens <= settings.completions_max_tokens:
         raise _bad(f"max_tokens must be between 1 and {settings.completions_max_tokens} "
-                   f"(COMPLETIONS_MAX_TOKENS), got {max_tokens}", "max_tokens")
+                   f"(COMPLETIONS_MAX_TOKENS), got {max_tokens} (0 only with echo and logprobs: score the prompt)",
+                   "max_tokens")
     if body.temperature is not None and not (math.isfinite(body.temperature) and 0 <= body.temperature <= 2):
         raise _bad(f"temperature must be between 0 and 2, got {body.temperature}", "temperature")
     if body.top_p is not None and not (math.isfinite(body.top_p) and 0 < body.top_p <= 1):

@@ -5,11 +5,13 @@ sequence leaves the generator's batch."""
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 from typing import AsyncIterator
 
 import numpy as np
 
+from gateway.completions.shapes import joined
 from gateway.completions.tensors import STREAM_MODEL, Sequence
 from gateway.triton.engine import StreamResponse
 
@@ -23,6 +25,7 @@ class Piece:
     finish_reason: str | None  # set on the sequence's last piece only
     prompt_tokens: int
     completion_tokens: int  # generated so far
+    logprobs: dict | None = None  # OpenAI's logprobs object of this piece (offsets from its start), when asked
 
 
 @dataclass
@@ -33,6 +36,7 @@ class Choice:
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    logprobs: dict | None = None
 
 
 def _scalar(outputs: dict[str, np.ndarray], name: str):
@@ -61,11 +65,14 @@ class _Tracker:
         self.completion_tokens = int(completion_tokens) if completion_tokens is not None else self.completion_tokens
         self.finish_reason = _text(_scalar(out, "finish_reason")) or self.finish_reason
         text = _text(_scalar(out, "text_output"))
+        logprobs = _text(_scalar(out, "logprobs"))
+        logprobs = json.loads(logprobs) if logprobs else None
         if not response.final:
-            return Piece(self.index, text, None, self.prompt_tokens, self.completion_tokens) if text else None
+            return Piece(self.index, text, None, self.prompt_tokens, self.completion_tokens, logprobs) \
+                if text or logprobs else None
         # the contract puts the reason on the last response; a bare FINAL flag after it keeps the one seen
         reason = self.finish_reason or ("length" if self.completion_tokens >= self.max_tokens else "stop")
-        return Piece(self.index, text, reason, self.prompt_tokens, self.completion_tokens)
+        return Piece(self.index, text, reason, self.prompt_tokens, self.completion_tokens, logprobs)
 
 
 def _coalesced(pieces: list[Piece]) -> list[Piece]:
@@ -76,8 +83,9 @@ def _coalesced(pieces: list[Piece]) -> list[Piece]:
         seen = merged.get(piece.index)
         if seen is None:
             merged[piece.index] = Piece(piece.index, piece.text, piece.finish_reason, piece.prompt_tokens,
-                                        piece.completion_tokens)
+                                        piece.completion_tokens, piece.logprobs)
         else:
+            seen.logprobs = joined(seen.logprobs, piece.logprobs, len(seen.text))
             seen.text += piece.text
             seen.finish_reason = piece.finish_reason or seen.finish_reason
             seen.prompt_tokens, seen.completion_tokens = piece.prompt_tokens, piece.completion_tokens
@@ -125,6 +133,7 @@ async def collect(engine, seqs: list[Sequence]) -> list[Choice]:
     by_index = {s.index: Choice(s.index, s.prompt_index, "", "", 0, 0) for s in seqs}
     async for piece in stream(engine, seqs):
         choice = by_index[piece.index]
+        choice.logprobs = joined(choice.logprobs, piece.logprobs, len(choice.text))
         choice.text += piece.text
         choice.prompt_tokens, choice.completion_tokens = piece.prompt_tokens, piece.completion_tokens
         choice.finish_reason = piece.finish_reason or choice.finish_reason

@@ -18,8 +18,27 @@ class Header:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model}
 
 
-def choice(index: int, text: str, finish_reason: str | None) -> dict:
-    return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": None}
+def choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
+    return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": logprobs}
+
+
+LOGPROBS_KEYS = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+
+
+def shifted(logprobs: dict | None, by: int) -> dict | None:
+    """A piece's logprobs object with text_offset counted from `by` characters earlier (the choice's text
+    before the piece): the model counts from the start of each piece."""
+    if logprobs is None or not by:
+        return logprobs
+    return {**logprobs, "text_offset": [offset + by for offset in logprobs["text_offset"]]}
+
+
+def joined(first: dict | None, then: dict | None, first_text_length: int) -> dict | None:
+    """Two consecutive pieces' logprobs objects as one (the second piece starts after first_text_length)."""
+    if then is None:
+        return first
+    then = shifted(then, first_text_length)
+    return then if first is None else {key: first[key] + then[key] for key in LOGPROBS_KEYS}
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -31,8 +50,8 @@ def response(header: Header, choices: list[dict], usage_: dict) -> dict:
     return {**header.base(), "choices": choices, "usage": usage_}
 
 
-def chunk(header: Header, index: int, text: str, finish_reason: str | None) -> dict:
-    return {**header.base(), "choices": [choice(index, text, finish_reason)]}
+def chunk(header: Header, index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
+    return {**header.base(), "choices": [choice(index, text, finish_reason, logprobs)]}
 
 
 def usage_chunk(header: Header, usage_: dict) -> dict:

@@ -27,12 +27,19 @@ def _one(value, dtype) -> np.ndarray:
 
 
 def sequence_inputs(prompt: str, max_tokens: int, temperature: float, top_p: float, seed: int,
-                    stop_words: list[str]) -> dict[str, np.ndarray]:
+                    stop_words: list[str], echo: bool = False, logprobs: int | None = None,
+                    token_healing: bool | None = None) -> dict[str, np.ndarray]:
     inputs = {"text_input": _one(prompt, np.object_), "max_tokens": _one(max_tokens, np.int32),
               "temperature": _one(temperature, np.float32), "top_k": _one(0, np.int32),  # 0: no top-k (OpenAI has none)
               "top_p": _one(top_p, np.float32), "random_seed": _one(seed, np.uint64)}
     if stop_words:
         inputs["stop_words"] = np.array([stop_words], dtype=np.object_)
+    if echo:  # the model prepends the prompt (and, with logprobs, gives the prompt's tokens' logprobs)
+        inputs["exclude_input_in_output"] = _one(False, bool)
+    if logprobs is not None:
+        inputs["logprobs"] = _one(logprobs, np.int32)
+    if token_healing is not None:
+        inputs["token_healing"] = _one(token_healing, bool)
     return inputs
 
 
@@ -44,5 +51,6 @@ def sequences(body: CompletionRequest, prompts: list[str]) -> list[Sequence]:
     base_seed = secrets.randbits(62) if body.seed is None else body.seed
     stop_words = stop_words_of(body)
     return [Sequence(p * n + j, p, prompt,
-                     sequence_inputs(prompt, max_tokens, temperature, top_p, base_seed + j, stop_words))
+                     sequence_inputs(prompt, max_tokens, temperature, top_p, base_seed + j, stop_words,
+                                     bool(body.echo), body.logprobs, body.token_healing))
             for p, prompt in enumerate(prompts) for j in range(n)]

@@ -5,6 +5,7 @@ instead of piling an unbounded backlog into the pool."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import os
 import weakref
@@ -34,4 +35,6 @@ async def run(fn: Callable[..., T], *args, **kwargs) -> T:
     if slots is None:  # one per loop: tests run several loops in one process
         slots = _slots[loop] = asyncio.Semaphore(QUEUE)
     async with slots:
-        return await loop.run_in_executor(_executor(), functools.partial(fn, *args, **kwargs))
+        # in the caller's context (as asyncio.to_thread does): its request id and trace span go along
+        return await loop.run_in_executor(_executor(), contextvars.copy_context().run,
+                                          functools.partial(fn, *args, **kwargs))

@@ -1,8 +1,10 @@
 """Which requests the gateway admits, as one plain ASGI middleware: while Triton is down (or restarting)
-every request but /health, the metrics and the docs gets a 503 with Retry-After naming the server; while
-the gateway drains (SIGTERM) new requests get a 503 too, and those in flight may finish until the drain
-deadline (DRAIN_S). At the deadline a request without an answer yet gets a 503, and a server-sent-events
-stream still open gets a final `data: {"error": ...}` event: no request is cut silently."""
+every request but /health, the metrics and the docs gets a 503 with Retry-After (naming no internal
+address: the server watch's log line does); while the gateway drains (SIGTERM) new requests get a 503
+too, and those in flight may finish until the drain deadline (DRAIN_S). It runs after auth and audit
+(gateway/middleware/__init__.py): a refusal here is still a 401 for an unknown key, and audited. At the
+deadline a request without an answer yet gets a 503, and a server-sent-events stream still open gets a
+final `data: {"error": ...}` event: no request is cut silently."""
 from __future__ import annotations
 
 import asyncio
@@ -39,9 +41,9 @@ class Admission:
         if self.draining:
             return errors.Unavailable("the gateway is shutting down; retry on another replica", retry_after=5,
                                       code="shutting_down")
-        if self.server_problem:
-            return errors.Unavailable(self.server_problem, retry_after=self.server_retry_after,
-                                      code="server_unavailable")
+        if self.server_problem:  # the problem as the watch saw it names Triton's address: for the log only
+            return errors.Unavailable("the inference server is not available now (restarting); retry later",
+                                      retry_after=self.server_retry_after, code="server_unavailable")
         return None
 
     async def drain(self) -> None:

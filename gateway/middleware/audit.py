@@ -1,7 +1,8 @@
 """Audit of admin actions (issue 25), as one ASGI middleware: every request to an admin route (loading,
 unloading, deleting models; creating and deleting collections; writing and deleting points) is one JSON
 line in DATA_DIR/audit.log and in the gateway log: time, key id, route, target, result, request id.
-Refused requests (401, 403, 413, 429) are audited too: they are attempts."""
+Refused requests (401, 403, 413, 429, and 503 while Triton is down or the gateway drains: audit runs
+before admission) are audited too: they are attempts."""
 from __future__ import annotations
 
 import json
@@ -40,6 +41,7 @@ class AuditLog:
         self.path, self._lock = Path(path), threading.Lock()
 
     def write(self, record: dict) -> None:
+        # ASCII JSON: a client's text (request id, target) cannot break the line or forge another (issue 43)
         line = json.dumps(record, separators=(",", ":"))
         log.info("audit %s", line)
         try:
@@ -57,7 +59,7 @@ class AuditLog:
 
 
 class Audit:
-    """Outermost of the gateway's own middlewares, so that a 401 or 403 is recorded as well."""
+    """Outside auth and admission, so that a 401, 403 or 503 is recorded as well."""
 
     def __init__(self, app, routes: RouteTable, audit_log: AuditLog):
         self.app, self.routes, self.audit_log = app, routes, audit_log

@@ -3,7 +3,9 @@
 A key comes as `Authorization: Bearer <key>` (what the `openai` SDK sends) or `x-api-key: <key>`.
 No key or an unknown one: 401 with `WWW-Authenticate: Bearer`; a key without the route's scope: 403;
 both in OpenAI's error shape. Open routes (`/health`, `/metrics/prometheus`, the docs) need no key.
-Without GATEWAY_API_KEYS_FILE the gateway is open, which it only allows on a loopback HOST."""
+Without GATEWAY_API_KEYS_FILE the gateway is open, which it only allows on a loopback HOST, and then it
+serves loopback Host and Origin values only (local_origin.py: DNS rebinding). It runs before admission
+(gateway/middleware/__init__.py): an unknown key gets 401 whatever the server's state."""
 from __future__ import annotations
 
 import logging
@@ -11,6 +13,8 @@ import uuid
 
 from gateway import errors
 from gateway.keys import KeyRing
+from gateway.middleware.local_origin import LocalOrigin
+from gateway.middleware.log_fields import printable
 from gateway.middleware.policy import RouteTable
 from gateway.settings import Settings
 from gateway.loopback import is_loopback
@@ -64,8 +68,11 @@ def request_id(headers: list[tuple[bytes, bytes]]) -> str:
 
 
 class Authenticate:
-    def __init__(self, app, routes: RouteTable, ring: KeyRing | None):
+    """`local_origin`: the Host and Origin check of an open gateway (None with keys)."""
+
+    def __init__(self, app, routes: RouteTable, ring: KeyRing | None, local_origin: LocalOrigin | None = None):
         self.app, self.routes, self.ring = app, routes, ring
+        self.local_origin = local_origin if ring is None else None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -78,21 +85,28 @@ class Authenticate:
                 message["headers"] = [*message.get("headers", ()), (b"x-request-id", rid.encode("latin-1"))]
             await send(message)
 
-        if self.ring is None or policy.scope is None:
+        if self.ring is None:
+            refused = self.local_origin.refusal(scope["headers"]) if self.local_origin is not None else None
+            if refused is not None:
+                log.info("403 %s %s: %s (request %s)", scope["method"], printable(path or scope["path"]),
+                         refused.code, printable(rid))
+                return await errors.send(send_with_id, refused)
+            return await self.app(scope, receive, send_with_id)
+        if policy.scope is None:
             return await self.app(scope, receive, send_with_id)
         presented = presented_key(scope["headers"])
         key = self.ring.find(presented) if presented is not None else None
         if key is None:
             message = ("no API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'" if presented is None
                        else "the API key is not valid")
-            log.info("401 %s %s: %s (request %s)", scope["method"], path or scope["path"],
-                     "no key" if presented is None else "unknown key", rid)
+            log.info("401 %s %s: %s (request %s)", scope["method"], printable(path or scope["path"]),
+                     "no key" if presented is None else "unknown key", printable(rid))
             return await errors.send(send_with_id, errors.Unauthorized(
                 message, code="missing_api_key" if presented is None else "invalid_api_key"))
         scope[KEY_SCOPE] = key  # for the audit line of a refused admin request, too
         if not key.allows(policy.scope):
-            log.info("403 %s %s: key %s lacks scope %s (request %s)", scope["method"], path or scope["path"],
-                     key.key_id, policy.scope, rid)
+            log.info("403 %s %s: key %s lacks scope %s (request %s)", scope["method"], printable(path or scope["path"]),
+                     printable(key.key_id), policy.scope, printable(rid))
             return await errors.send(send_with_id, errors.Forbidden(
                 f"key '{key.key_id}' lacks the '{policy.scope}' scope this route needs", code="insufficient_scope"))
         return await self.app(scope, receive, send_with_id)

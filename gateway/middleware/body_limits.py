@@ -4,8 +4,10 @@ Each route's cap comes from its own limits (gateway/middleware/policy.py), never
 it is refused with 413 as soon as `Content-Length` shows it (nothing of the body is read), or as soon as
 a chunked body passes the cap (the rest is never read: uvicorn stops reading the socket and closes the
 connection after the answer). The whole body must arrive within BODY_TIMEOUT_S, or 408: a slow client
-holds no request for long. Bodies together hold at most BODY_BUFFER_BYTES (gateway/middleware/body_budget.py): one
-that does not fit now gets 503 with Retry-After, before its first byte over the budget is read."""
+holds no request for long. Bodies together hold at most BODY_BUFFER_BYTES, and the bodies of one API key
+(without keys: of one client address) at most BODY_BUFFER_KEY_BYTES (gateway/middleware/body_budget.py),
+counted as their bytes arrive: one that does not fit now gets 503 with Retry-After, before its first byte
+over the budget is read, and before any of it when its `Content-Length` shows that it cannot fit now."""
 from __future__ import annotations
 
 import asyncio
@@ -13,7 +15,9 @@ import logging
 import time
 
 from gateway import errors
-from gateway.middleware.body_budget import BodyBudget, budget_bytes
+from gateway.middleware.auth import KEY_SCOPE
+from gateway.middleware.body_budget import BodyBudget, budget_bytes, share_bytes
+from gateway.middleware.log_fields import printable
 from gateway.middleware.policy import RouteTable, cap
 from gateway.settings import Settings
 
@@ -29,13 +33,28 @@ class _Refused(Exception):
 
 def too_large(size_text: str, limit: int, path: str) -> errors.PayloadTooLarge:
     return errors.PayloadTooLarge(f"the request body is {size_text}, over the limit of {limit} bytes for {path} "
-                                  "(sized from the route's own limits, MAX_BODY_BYTES and BODY_BUFFER_BYTES)",
-                                  code="body_too_large")
+                                  "(sized from the route's own limits, MAX_BODY_BYTES, BODY_BUFFER_BYTES and "
+                                  "BODY_BUFFER_KEY_BYTES)", code="body_too_large")
 
 
-def budget_full(budget: BodyBudget) -> errors.Unavailable:
+def budget_full(budget: BodyBudget, size: int, scope) -> errors.Unavailable:
+    if budget.used + size <= budget.total:  # it is the owner's share that is full
+        owner = "key" if scope.get(KEY_SCOPE) is not None else "client address"
+        return errors.Unavailable(f"the request bodies this {owner} sends at once are at its share of {budget.share} "
+                                  "bytes (BODY_BUFFER_KEY_BYTES); retry when one has been answered", retry_after=1,
+                                  code="body_buffer_full")
     return errors.Unavailable(f"the request bodies the gateway holds are at its limit of {budget.total} bytes "
                               "(BODY_BUFFER_BYTES); retry later", retry_after=1, code="body_buffer_full")
+
+
+def owner_of(scope) -> str | None:
+    """Whose share a body counts against: the API key's id, else (a gateway without keys: no request with a
+    body comes without a key to one with keys) the client's address."""
+    key = scope.get(KEY_SCOPE)
+    if key is not None:
+        return key.key_id
+    client = scope.get("client")
+    return client[0] if client else None
 
 
 def content_length(headers) -> int | None:
@@ -51,25 +70,27 @@ def content_length(headers) -> int | None:
 class CapBodies:
     def __init__(self, app, routes: RouteTable, settings: Settings, budget: BodyBudget | None = None):
         self.app, self.routes, self.settings = app, routes, settings
-        self.budget = budget if budget is not None else BodyBudget(budget_bytes(settings))
+        self.budget = budget if budget is not None else BodyBudget(budget_bytes(settings), share_bytes(settings))
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path, policy = self.routes.resolve(scope)
         path = path or scope["path"]
-        budget = self.budget
-        limit = min(cap(policy, self.settings), budget.total)  # a body over the whole budget never fits
+        budget, owner = self.budget, owner_of(scope)
+        limit = min(cap(policy, self.settings), budget.share)  # a body over one owner's share never fits
         declared = content_length(scope["headers"])
         if declared is not None and declared > limit:
             # Connection: close: uvicorn then closes instead of waiting for a body nobody will read
             return await errors.send(send, too_large(f"{declared} bytes (Content-Length)", limit, path),
                                      {"Connection": "close"})
-        if declared and not budget.take(declared):
-            log.info("503 %s: a body of %d bytes does not fit BODY_BUFFER_BYTES now", path, declared)
-            return await errors.send(send, budget_full(budget), {"Connection": "close"})
+        if declared and not budget.fits(declared, owner):
+            # checked, not taken: a declared body that never comes holds nothing (its bytes count as they arrive)
+            log.info("503 %s: a body of %d bytes does not fit BODY_BUFFER_BYTES or BODY_BUFFER_KEY_BYTES now",
+                     printable(path), declared)
+            return await errors.send(send, budget_full(budget, declared, scope), {"Connection": "close"})
 
-        held = declared or 0  # bytes of the budget this request holds, given back when it ends
+        held = 0  # bytes of the budget this request holds, given back when it ends
         received, body_done = 0, False
         deadline = time.monotonic() + self.settings.body_timeout_s
         refused: errors.ApiError | None = None
@@ -98,10 +119,11 @@ class CapBodies:
                 received += len(message.get("body", b""))
                 if received > limit:
                     raise fail(too_large(f"over {limit} bytes (chunked)", limit, path))
-                if received > held:  # a body without Content-Length: its bytes are taken as they come
-                    if not budget.take(received - held):
-                        log.info("503 %s: a chunked body at %d bytes does not fit BODY_BUFFER_BYTES now", path, received)
-                        raise fail(budget_full(budget))
+                if received > held:  # taken as they come
+                    if not budget.take(received - held, owner):
+                        log.info("503 %s: a body at %d bytes does not fit BODY_BUFFER_BYTES or BODY_BUFFER_KEY_BYTES "
+                                 "now", printable(path), received)
+                        raise fail(budget_full(budget, received - held, scope))
                     held = received
                 body_done = not message.get("more_body", False)
             elif message["type"] == "http.disconnect":
@@ -123,7 +145,8 @@ class CapBodies:
         except _Refused:
             pass
         finally:
-            budget.give(held)
+            if held:
+                budget.give(held, owner)
             for failure in failures:
                 # FastAPI turns a failed read into an HTTPException `from` ours, in a frame that keeps the
                 # HTTPException: a reference cycle through our traceback to the frame of Starlette's

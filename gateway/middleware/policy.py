@@ -39,7 +39,8 @@ def image_cap(s: Settings) -> int:
 
 
 def texts_cap(s: Settings) -> int:
-    return s.max_inputs * s.max_text_bytes * JSON_TEXT + SMALL
+    """MAX_INPUTS texts of MAX_TEXT_BYTES, bounded by MAX_REQUEST_TEXT_BYTES (all of a request's texts)."""
+    return min(s.max_inputs * s.max_text_bytes, s.max_request_text_bytes) * JSON_TEXT + SMALL
 
 
 def completions_cap(s: Settings) -> int:
@@ -81,6 +82,7 @@ ROUTES: dict[tuple[str, str], Policy] = {
     ("GET", "/ui"): Policy(OPEN),  # the browser page: static files; it calls the API with the key typed into it
     ("GET", "/ui/{path:path}"): Policy(OPEN, errors=(404,)),
     ("GET", "/v1/models"): Policy(INFERENCE),
+    ("GET", "/v1/models/{model}"): Policy(INFERENCE, errors=(404,)),  # ids hold "/": see PATH_CONVERTERS
     ("POST", "/v1/embeddings"): Policy(INFERENCE, texts_cap, (404, *TRITON)),
     ("POST", "/v1/completions"): Policy(INFERENCE, completions_cap, (404, *TRITON), tokens=True),
     ("GET", "/loaded_models"): Policy(INFERENCE),
@@ -100,8 +102,12 @@ ROUTES: dict[tuple[str, str], Policy] = {
     ("DELETE", "/collections/{name}/points"): Policy(ADMIN, ids_cap, (404,), audit=True),
     ("POST", "/collections/{name}/search"): Policy(INFERENCE, search_cap, (404, *TRITON)),
 }
+# templates as the OpenAPI document writes them -> as the route declares them, where a parameter takes "/"
+PATH_CONVERTERS = {"/v1/models/{model}": "/v1/models/{model:path}"}
 # a path no route matches: its 404 (or 405) is only for callers with a key, when keys are configured
 UNMATCHED = Policy(INFERENCE)
+# another method of an open path (POST /health): its 405 needs no key, as the path itself is public
+OPEN_PATH_OTHER_METHOD = Policy(OPEN)
 
 
 class RouteTable:
@@ -110,7 +116,8 @@ class RouteTable:
 
     def __init__(self, app):
         self.app = app
-        self.patterns = [(method, path, compile_path(path)[0], policy) for (method, path), policy in ROUTES.items()]
+        self.patterns = [(method, path, compile_path(PATH_CONVERTERS.get(path, path))[0], policy)
+                         for (method, path), policy in ROUTES.items()]
 
     def check_complete(self) -> None:
         """Every route the app documents has a policy (routes kept out of the document are in ROUTES too)."""
@@ -118,6 +125,11 @@ class RouteTable:
         missing = [(m.upper(), p) for p, ops in document["paths"].items() for m in ops if (m.upper(), p) not in ROUTES]
         if missing:
             raise RuntimeError(f"routes without a policy in gateway/middleware/policy.py: {missing}")
+
+    def allowed(self, path: str) -> list[str]:
+        """The methods some route serves at `path` (a 405's Allow header), HEAD with GET."""
+        methods = {method for method, _, regex, _ in self.patterns if regex.match(path)}
+        return sorted(methods | ({"HEAD"} if "GET" in methods else set()))
 
     def resolve(self, scope) -> tuple[str | None, Policy]:
         found = scope.get("gateway.route")
@@ -132,5 +144,7 @@ class RouteTable:
                         found = (template, policy)
                         scope["gateway.path_params"] = match.groupdict()
                         break
+            if found[0] is None and any(p.scope is OPEN and regex.match(path) for _, _, regex, p in self.patterns):
+                found = (None, OPEN_PATH_OTHER_METHOD)
             scope["gateway.route"] = found
         return found

@@ -5,8 +5,10 @@ Rates are counted by the `limits` library (moving windows) in the storage QUOTA_
 (`memory://` by default: per gateway process; `redis://host:port`, the default when REDIS_URL is set,
 shares them between replicas). Concurrency is counted in this process, or with REDIS_URL in Redis (one
 sorted set per key: a request's entry expires after REQUEST_TIMEOUT_S should its replica die before
-removing it). When Redis does not answer, a request is let through (counted locally) and a warning logged:
-a quota store outage must not take the service down. Over quota: 429 with Retry-After and OpenAI's
+removing it). A store that fails or does not answer within QUOTA_STORE_TIMEOUT_S opens its breaker
+(store_breaker.py): it is not asked again until a background probe gets an answer, and meanwhile every
+limit (rates, tokens, concurrency) is counted in this process, a window per replica: a quota store outage
+neither takes the service down nor slows it, nor lifts the limits (issue 43 items 6 and 7). Over quota: 429 with Retry-After and OpenAI's
 x-ratelimit-{limit,remaining,reset}-{requests,tokens} headers (on the 429 only: reading the window for
 every answer would double the limiter's cost per request). Requests without a key (open routes,
 or a gateway without keys on loopback) are not counted."""
@@ -24,9 +26,11 @@ from limits import RateLimitItem, RateLimitItemPerMinute, RateLimitItemPerSecond
 from limits.aio.storage import MemoryStorage
 from limits.aio.strategies import MovingWindowRateLimiter
 from limits.storage import storage_from_string
+from prometheus_client import CollectorRegistry
 
 from gateway import errors
 from gateway.middleware.auth import KEY_SCOPE
+from gateway.middleware.store_breaker import StoreBreaker, StoreDown, store_gauge
 from gateway.keys import ApiKey
 from gateway.schemas.completions import DEFAULT_MAX_TOKENS
 from gateway.settings import Settings
@@ -69,13 +73,18 @@ class SweptMemoryStorage(MemoryStorage):
             await super()._MemoryStorage__schedule_expiry()
 
 
-def rate_storage(uri: str):
+def is_memory(uri: str) -> bool:
+    return storage_uri(uri) in ("async+memory://", "async+memory:///")
+
+
+def rate_storage(uri: str, timeout_s: float = 2.0):
     """`limits`' async storage; for Redis through redis-py (what gateway/registry/ uses; limits' default
-    client, coredis, is not installed)."""
+    client, coredis, is not installed), with socket timeouts (redis-py has none by default)."""
     uri = storage_uri(uri)
     if uri.startswith(("async+redis://", "async+rediss://", "async+unix://")):
-        return storage_from_string(uri, implementation="redispy", key_prefix="triton-pipelines-quota")
-    if uri in ("async+memory://", "async+memory:///"):
+        return storage_from_string(uri, implementation="redispy", key_prefix="triton-pipelines-quota",
+                                   socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    if is_memory(uri):
         return SweptMemoryStorage()
     return storage_from_string(uri)
 
@@ -111,25 +120,26 @@ class LocalConcurrency:
 
 
 class RedisConcurrency:
-    """Requests in flight per key across replicas (REDIS_URL): one sorted set per key, entries expiring."""
+    """Requests in flight per key across replicas (REDIS_URL): one sorted set per key, entries expiring.
+    While its breaker is open they are counted in this process (`local`)."""
 
-    def __init__(self, url: str, prefix: str, expire_s: float):
+    def __init__(self, url: str, prefix: str, expire_s: float, timeout_s: float = 2.0):
         import redis.asyncio as aioredis  # only with REDIS_URL
 
-        self.redis = aioredis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        self.redis = aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         self.script = self.redis.register_script(ACQUIRE)
         self.prefix, self.expire_s = prefix + "inflight:", expire_s
         self.local = LocalConcurrency()  # while Redis does not answer
+        self.breaker: StoreBreaker | None = None  # set by QuotaBook
         self._ids = itertools.count()
         self._me = uuid.uuid4().hex[:12]
-        self._warned = 0.0
 
     async def acquire(self, key_id: str, limit: int) -> tuple[bool, int, object]:
         entry, now = f"{self._me}:{next(self._ids)}", time.time()
         try:
-            n = await self.script(keys=[self.prefix + key_id], args=[now, now + self.expire_s, limit, entry])
-        except Exception as exc:  # noqa: BLE001 - fail open, counted locally (see the module docstring)
-            self._warn(exc)
+            n = await self.breaker.ask(lambda: self.script(keys=[self.prefix + key_id],
+                                                           args=[now, now + self.expire_s, limit, entry]))
+        except StoreDown:  # counted locally (see the module docstring)
             return await self.local.acquire(key_id, limit)
         return (True, n, (key_id, entry)) if n >= 0 else (False, -1 - n, None)
 
@@ -137,14 +147,9 @@ class RedisConcurrency:
         if isinstance(ticket, str):  # admitted by the local fallback
             return await self.local.release(ticket)
         try:
-            await self.redis.zrem(self.prefix + ticket[0], ticket[1])
-        except Exception as exc:  # noqa: BLE001 - the entry expires by itself
-            self._warn(exc)
-
-    def _warn(self, exc: Exception) -> None:
-        if time.monotonic() - self._warned > 10:
-            self._warned = time.monotonic()
-            log.warning("quota store (Redis) unreachable: %s; requests are counted per replica meanwhile", exc)
+            await self.breaker.ask(lambda: self.redis.zrem(self.prefix + ticket[0], ticket[1]))
+        except StoreDown:  # the entry expires by itself
+            pass
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -169,18 +174,50 @@ class KeyQuota:
 
 
 class QuotaBook:
-    """The limiter and the limits of each key (its own from the keys file, else the defaults)."""
+    """The limiter and the limits of each key (its own from the keys file, else the defaults), and the
+    breakers of the stores they are counted in (none for `memory://`)."""
 
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, registry: CollectorRegistry | None = None):
         self.settings = settings
-        self.limiter = MovingWindowRateLimiter(rate_storage(settings.quota_storage))
-        self.concurrency = (RedisConcurrency(settings.redis_url, settings.redis_prefix, settings.request_timeout_s)
-                            if settings.redis_url else LocalConcurrency())
+        timeout_s = settings.quota_store_timeout_s
+        self.limiter = MovingWindowRateLimiter(rate_storage(settings.quota_storage, timeout_s))
+        self.local = MovingWindowRateLimiter(SweptMemoryStorage())  # rates while the store's breaker is open
+        self.concurrency = (RedisConcurrency(settings.redis_url, settings.redis_prefix, settings.request_timeout_s,
+                                             timeout_s) if settings.redis_url else LocalConcurrency())
+        self.breakers: list[StoreBreaker] = []
+        self.rate_breaker = self._breakers(settings, store_gauge(registry))
         self._windows: dict[tuple[str, str, int, str], Window] = {}
         self._quotas: dict[str, KeyQuota] = {}  # by key id; the keys file is read once, at start
-        self._warned = 0.0
+
+    def _breakers(self, settings: Settings, gauge) -> StoreBreaker | None:
+        """One breaker per store: REDIS_URL's (concurrency; rates too when QUOTA_STORAGE is the same store)
+        and QUOTA_STORAGE's when it is another one. Returns the rates' breaker (None: memory://)."""
+        def breaker(name, url, setting, probe):
+            made = StoreBreaker(name, url, setting, probe, settings.quota_store_timeout_s,
+                                settings.quota_store_retry_s, gauge)
+            self.breakers.append(made)
+            return made
+
+        async def check_rates():
+            if not await self.limiter.storage.check():
+                raise ConnectionError("no answer to PING")
+
+        if isinstance(self.concurrency, RedisConcurrency):
+            self.concurrency.breaker = breaker("redis", settings.redis_url, "REDIS_URL", self.concurrency.redis.ping)
+            if storage_uri(settings.quota_storage) == storage_uri(settings.redis_url):
+                return self.concurrency.breaker
+        if is_memory(settings.quota_storage):
+            return None
+        return breaker("quota_storage", settings.quota_storage, "QUOTA_STORAGE", check_rates)
+
+    def degraded(self) -> dict[str, str]:
+        """For /health: what the open breakers say (empty while every store answers)."""
+        details = [d for d in (b.detail() for b in self.breakers) if d]
+        return {"quota_store": "; ".join(details)} if details else {}
 
     async def close(self) -> None:
+        for breaker in self.breakers:
+            await breaker.close()
         if isinstance(self.concurrency, RedisConcurrency):
             await self.concurrency.close()
 
@@ -208,20 +245,23 @@ class QuotaBook:
         return await self.take(self.window(key, per, amount, kind), cost)
 
     async def take(self, window: Window, cost: int = 1) -> tuple[bool, dict[str, str]]:
-        """(allowed, headers). What the limiter's `hit` does (one moving-window entry in the storage), with
-        the key string built once. The window's state (one more storage call) is read for a refusal only:
-        the headers go on 429s, which keeps an allowed request at one call to the storage."""
+        """(allowed, headers), from the store, or from this process's window while its breaker is open."""
+        if self.rate_breaker is not None:
+            try:
+                return await self.rate_breaker.ask(lambda: self._take(self.limiter, window, cost))
+            except StoreDown:
+                return await self._take(self.local, window, cost)
+        return await self._take(self.limiter, window, cost)
+
+    @staticmethod
+    async def _take(limiter: MovingWindowRateLimiter, window: Window, cost: int) -> tuple[bool, dict[str, str]]:
+        """What the limiter's `hit` does (one moving-window entry in the storage), with the key string
+        built once. The window's state (one more storage call) is read for a refusal only: the headers go
+        on 429s, which keeps an allowed request at one call to the storage."""
         item = window.item
-        try:
-            if await self.limiter.storage.acquire_entry(window.storage_key, item.amount, item.get_expiry(), cost):
-                return True, {}
-        except Exception as exc:  # noqa: BLE001 - the store is down: fail open (module docstring)
-            if time.monotonic() - self._warned > 10:
-                self._warned = time.monotonic()
-                log.warning("quota store %s unreachable: %s; rates are not limited meanwhile",
-                            self.settings.quota_storage.split("@")[-1], exc)
+        if await limiter.storage.acquire_entry(window.storage_key, item.amount, item.get_expiry(), cost):
             return True, {}
-        stats = await self.limiter.get_window_stats(item, window.namespace)
+        stats = await limiter.get_window_stats(item, window.namespace)
         wait, kind = max(0.0, stats.reset_time - time.time()), window.kind
         return False, {f"x-ratelimit-limit-{kind}": str(item.amount),
                        f"x-ratelimit-remaining-{kind}": str(stats.remaining),

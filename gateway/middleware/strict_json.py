@@ -12,6 +12,8 @@ import orjson
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
+from gateway.telemetry import spans
+
 CONSTANTS = ("NaN", "Infinity", "-Infinity")
 
 
@@ -38,6 +40,7 @@ class StrictJSONRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
             self._json = loads(await self.body())
+            spans.note_model(self._json)  # a traced request's span names its model
         return self._json
 
 

@@ -21,8 +21,8 @@ from gateway.modelgen import templates
 from gateway.modelgen.onnx_cache import ExportOptions, export_graphs
 from gateway.modelgen.sources import triton_name
 from gateway.modelgen.spec import ImageLimits, ModelSpec
+from gateway.modelgen.weights import PICKLE_SUFFIXES, WEIGHT_SUFFIXES, module_folder, served_weights
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".onnx")
 POOLING_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
                 "pooling_mode_max_tokens": "max", "pooling_mode_lasttoken": "lasttoken",
                 "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
@@ -60,15 +60,16 @@ def _write_model(repository: Path, name: str, config: str, files: dict[str, Path
 def _tokenizer_files(folder: Path) -> dict[str, Path]:
     if not (folder / "tokenizer.json").is_file():
         raise BadRequest(f"the model has no tokenizer.json (a fast tokenizer) in {folder.name}/", param="model_name")
-    return {p.name: p for p in folder.iterdir() if p.is_file() and (p.name.startswith("tokenizer") or
-                                                                   p.name in ("special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt"))}
+    return {p.name: p for p in folder.iterdir() if p.is_file() and p.suffix not in PICKLE_SUFFIXES and (
+        p.name.startswith("tokenizer") or p.name in ("special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt"))}
 
 
 def _model_files(folder: Path) -> dict[str, Path]:
-    files = {p.name: p for p in folder.iterdir() if p.is_file() and (p.suffix in (".safetensors", ".bin") or p.name == "config.json")}
-    if not any(p.suffix in (".safetensors", ".bin") for p in files.values()):
+    weights = served_weights(folder)
+    if not weights:
         raise BadRequest(f"the model folder {folder.name}/ has no weights (*.safetensors or *.bin)", param="model_name")
-    return files
+    config = {"config.json": folder / "config.json"} if (folder / "config.json").is_file() else {}
+    return {**config, **{p.name: p for p in weights}}
 
 
 def _max_seq_length(transformer_dir: Path, source: Path, config: dict) -> int:
@@ -93,8 +94,10 @@ def _sentence_transformer(model_name: str, source: Path, repository: Path, expor
     if unsupported or kinds[:2] != ["Transformer", "Pooling"]:
         raise BadRequest(f"'{model_name}': modules {kinds} are not supported (Transformer -> Pooling -> optional "
                          f"Normalize; not {unsupported or kinds})", param="model_name")
-    transformer_dir = source / modules[0].get("path", "")
-    pooling = _json(source / modules[1].get("path", "1_Pooling") / "config.json")
+    folders = [module_folder(source, m.get("path", "1_Pooling" if i == 1 else ""), model_name)  # before any file is read
+               for i, m in enumerate(modules)]
+    transformer_dir = folders[0]
+    pooling = _json(folders[1] / "config.json")
     if "pooling_mode" in pooling:  # sentence-transformers >= 5.x writes the mode as one string
         named = str(pooling["pooling_mode"]).lower()
         modes = [named] if named in POOLING_KEYS.values() else []

@@ -9,6 +9,7 @@ from typing import Sequence
 
 from gateway import hub
 from gateway.errors import BadRequest, NotFound
+from gateway.modelgen.weights import refuse_pickled
 
 HUB_ID = hub.HUB_ID
 MAX_NAME = 300
@@ -78,8 +79,12 @@ def local_folder(model_name: str, roots: Sequence[Path]) -> Path | None:
 
 def hub_folder(repo_id: str, kind: str, hub_options: hub.HubOptions) -> Path:
     """The hub repository's files for a loader of `kind`: cached, or downloaded if HUB_DOWNLOADS allows it
-    (bounded and explained: gateway/hub/)."""
-    return hub.hub_folder(repo_id, kind, hub_options)
+    (bounded and explained: gateway/hub/); never one that would serve pickled weights unless
+    HUB_ALLOW_PICKLE=1."""
+    folder = hub.hub_folder(repo_id, kind, hub_options)
+    if not hub_options.allow_pickle:
+        refuse_pickled(folder, repo_id)
+    return folder
 
 
 def resolve_source(model_name: str, pretrained: str | None, kind: str, model_roots: Sequence[Path],

@@ -1,7 +1,9 @@
 """A loaded embedding model as the gateway sees it: which Triton ensembles to call and what they give."""
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 BUILTIN_MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -36,14 +38,25 @@ class ModelSpec:
         return cls(**data)
 
 
+def configured_max_length(config_pbtxt: Path) -> int:
+    """The `max_length` parameter of a tokenizer stage's config.pbtxt: the length the served model truncates
+    to, so the gateway's checks follow the model as served."""
+    found = re.search(r'key:\s*"max_length"\s*value:\s*{\s*string_value:\s*"(\d+)"', config_pbtxt.read_text())
+    if not found:
+        raise ValueError(f"{config_pbtxt} has no max_length parameter")
+    return int(found.group(1))
+
+
 def builtin_specs() -> list[ModelSpec]:
     """Shipped models reachable by name: the real all-MiniLM-L6-v2 is the `text_embedding` ensemble."""
     from gateway.settings import ROOT
 
+    tokenizer = ROOT / "model_repository" / "text_embedding_tokenizer"
     return [ModelSpec(model_name=BUILTIN_MINILM, pretrained=None, kind="sentence_transformer", dimension=384,
-                      max_tokens=256, text_model="text_embedding", image_model=None, triton_models=(),
+                      max_tokens=configured_max_length(tokenizer / "config.pbtxt"), text_model="text_embedding",
+                      image_model=None, triton_models=(),
                       normalized=True, max_batch_size=64, builtin=True, runtime="onnx",
-                      tokenizer_file=str(ROOT / "model_repository" / "text_embedding_tokenizer" / "1" / "tokenizer.json"))]
+                      tokenizer_file=str(tokenizer / "1" / "tokenizer.json"))]
 
 
 @dataclass(frozen=True)

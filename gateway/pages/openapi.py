@@ -9,11 +9,15 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from gateway.middleware.policy import ROUTES
+from gateway.pages.openapi_requests import refine_requests
 from gateway.settings import Settings
 
 ERROR = {"$ref": "#/components/schemas/Error"}
 STRING, INT, NUMBER = {"type": "string"}, {"type": "integer"}, {"type": "number"}
 NULLABLE_STRING = {"type": ["string", "null"]}
+# beyond OpenAI's shape: the response's x-request-id, in every error the gateway answers (gateway/errors.py)
+REQUEST_ID = {"type": "string", "minLength": 1, "maxLength": 128,
+              "description": "the request's id, also in the x-request-id header: quote it to find the failure in the logs"}
 
 
 def obj(required: dict, optional: dict | None = None) -> dict:
@@ -33,9 +37,10 @@ COMPLETION = obj({"id": STRING, "object": STRING, "created": INT, "model": STRIN
                   "choices": array(obj({"index": INT, "text": STRING, "finish_reason": NULLABLE_STRING}))},
                  {"usage": obj({"prompt_tokens": INT, "completion_tokens": INT, "total_tokens": INT})})
 SUCCESS = {
-    ("GET", "/health"): obj({"status": STRING}),
+    ("GET", "/health"): obj({"status": STRING}, {"degraded": {"type": "object"}}),
     ("GET", "/v1/models"): obj({"object": STRING, "data": array(obj({"id": STRING, "object": STRING,
                                                                       "created": INT, "owned_by": STRING}))}),
+    ("GET", "/v1/models/{model}"): obj({"id": STRING, "object": STRING, "created": INT, "owned_by": STRING}),
     ("POST", "/v1/embeddings"): obj({"object": STRING, "model": STRING,
                                      "data": array(obj({"object": STRING, "index": INT,
                                                         "embedding": {"oneOf": [array(NUMBER), STRING]}})),
@@ -60,7 +65,8 @@ SUCCESS = {
                                                  "processingTimeMs": NUMBER}),
 }
 # statuses whose body is not the error shape
-OTHER_ERRORS = {("GET", "/health", 503): obj({"status": STRING, "problems": {"type": "object"}})}
+OTHER_ERRORS = {("GET", "/health", 503): obj({"status": STRING, "problems": {"type": "object"}},
+                                             {"degraded": {"type": "object"}})}
 DESCRIPTIONS = {400: "invalid request (OpenAI's error shape)",
                 401: "no API key, or an unknown one (`WWW-Authenticate: Bearer`)",
                 403: "the key lacks this route's scope", 404: "no such model or collection",
@@ -91,7 +97,8 @@ def complete(document: dict) -> dict:
     schemas.pop("HTTPValidationError", None)
     schemas.pop("ValidationError", None)
     schemas["Error"] = obj({"error": obj({"message": STRING, "type": STRING},
-                                         {"param": NULLABLE_STRING, "code": NULLABLE_STRING})})
+                                         {"param": NULLABLE_STRING, "code": NULLABLE_STRING,
+                                          "request_id": REQUEST_ID})})
     components["securitySchemes"] = {
         "bearer": {"type": "http", "scheme": "bearer", "description": "Authorization: Bearer <key> (the openai SDK's api_key)"},
         "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}
@@ -115,6 +122,7 @@ def complete(document: dict) -> dict:
                 schema = OTHER_ERRORS.get((*key, status), ERROR)
                 responses[str(status)] = {"description": DESCRIPTIONS[status],
                                           "content": {"application/json": {"schema": schema}}}
+    refine_requests(document)  # request schemas as the routes check them
     return document
 
 

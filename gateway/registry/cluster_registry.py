@@ -8,7 +8,9 @@
   as a backstop, it loads what is registered and missing here, unloads what is here and no longer
   registered, and loads again what a replace gave a newer version.
 - A request for a registered model that this replica has not loaded yet waits for its load (bounded, as a
-  request for a loading model does); it never fails for that reason.
+  request for a loading model does); it never fails for that reason. A load that failed here is tried
+  again once per RETRY_FAILED_S, by the reconcile or by a request; requests in between get a 503 with
+  Retry-After (issue 43 item 8: each request used to start a whole new load).
 - A heartbeat (every CLUSTER_HEARTBEAT_S, with a TTL) says this replica is alive, which models are ready
   here, and when each was last used (the cluster-wide LRU order the cap evicts by).
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
@@ -163,7 +166,11 @@ class ClusterRegistry(ModelRegistry):
                                          "retry later", retry_after=5, code="model_unloading")
             await asyncio.sleep(0.1)
         newer = entry is not None and entry.state == "ready" and self.versions.get(reg.id, 0) < reg.version
-        spec, already = await super().load(reg.model_name, reg.pretrained, reg.kind, replace=newer)
+        try:
+            spec, already = await super().load(reg.model_name, reg.pretrained, reg.kind, replace=newer)
+        except errors.ApiError:
+            self.failed[reg.id] = time.monotonic()  # the next attempt waits RETRY_FAILED_S (reconcile and requests)
+            raise
         self.versions[reg.id] = max(reg.version, self.versions.get(reg.id, 0))
         self.failed.pop(reg.id, None)
         return spec, already
@@ -226,9 +233,19 @@ class ClusterRegistry(ModelRegistry):
         if model_name not in self.builtin and self._find(model_name, pretrained) is None:
             found = await self._registered(model_name, pretrained)
             if found is not None:  # registered, not loaded here yet: load it and wait (bounded)
+                self._refuse_while_failed(found.id)
                 await self._load_here(found)
         async with super().use(model_name, pretrained) as spec:
             yield spec
+
+    def _refuse_while_failed(self, model_id_: str) -> None:
+        """A 503 with Retry-After while the last load of the model here failed less than RETRY_FAILED_S ago."""
+        failed = self.failed.get(model_id_)
+        wait = RETRY_FAILED_S - (time.monotonic() - failed) if failed is not None else 0.0
+        if wait > 0:
+            raise errors.Unavailable(f"model '{model_id_}' failed to load on replica {self.replica} "
+                                     f"{RETRY_FAILED_S - wait:.0f}s ago; it is tried again {RETRY_FAILED_S:g}s after "
+                                     "a failure", retry_after=max(1, math.ceil(wait)), code="model_load_failed")
 
     # ---- where models are ready -----------------------------------------------------------------
     async def placement(self, model_id_: str, wait_all: bool = False) -> dict:
@@ -281,8 +298,7 @@ class ClusterRegistry(ModelRegistry):
         try:
             await self._load_here(reg)
             log.info("reconcile: %s (version %d) ready on replica %s", reg.id, reg.version, self.replica)
-        except errors.ApiError as exc:
-            self.failed[reg.id] = time.monotonic()
+        except errors.ApiError as exc:  # _load_here noted the failure: retried after RETRY_FAILED_S
             log.error("reconcile: loading the registered %s here failed: %s (retried in %.0fs)", reg.id,
                       exc.message, RETRY_FAILED_S)
 

@@ -17,6 +17,7 @@ from gateway.completions.tensors import sequences
 from gateway.dependencies import EngineDep, SettingsDep
 from gateway.middleware.strict_json import StrictJSONRoute
 from gateway.schemas.completions import CompletionRequest
+from gateway.telemetry import spans
 
 router = APIRouter(tags=["openai"], route_class=StrictJSONRoute)
 T = TypeVar("T")
@@ -59,9 +60,9 @@ async def create_completion(body: CompletionRequest, request: Request, engine: E
     except ClientGone:
         return Response(status_code=CLIENT_GONE)
     prompt_tokens = {c.prompt_index: c.prompt_tokens for c in choices}
+    # echo: the model prepends the prompt (exclude_input_in_output false), with its tokens' logprobs when asked
     return shapes.response(
-        header, [shapes.choice(c.index, (prompts[c.prompt_index] if body.echo else "") + c.text, c.finish_reason)
-                 for c in choices],
+        header, [shapes.choice(c.index, c.text, c.finish_reason, c.logprobs) for c in choices],
         shapes.total_usage(prompt_tokens, [c.completion_tokens for c in choices]))
 
 
@@ -77,12 +78,13 @@ async def _streamed(request: Request, body: CompletionRequest, seqs, engine, hea
     except BaseException:
         await pieces.aclose()
         raise
+    spans.event("first_token")  # on the request's span, which ends with the stream's last event
     prompt_of = {s.index: s for s in seqs}
 
     async def events():
         prompt_tokens: dict[int, int] = {}
         completion_tokens: dict[int, int] = {}
-        echoed: set[int] = set()
+        sent: dict[int, int] = {}  # characters of each choice's text already sent (for logprobs' text_offset)
         try:
             async def all_pieces():
                 for piece in first:
@@ -94,11 +96,10 @@ async def _streamed(request: Request, body: CompletionRequest, seqs, engine, hea
                 seq = prompt_of[piece.index]
                 prompt_tokens[seq.prompt_index] = piece.prompt_tokens
                 completion_tokens[piece.index] = piece.completion_tokens
-                text = piece.text
-                if body.echo and piece.index not in echoed:
-                    echoed.add(piece.index)
-                    text = seq.prompt + text
-                yield shapes.sse(shapes.chunk(header, piece.index, text, piece.finish_reason))
+                before = sent.get(piece.index, 0)
+                sent[piece.index] = before + len(piece.text)
+                yield shapes.sse(shapes.chunk(header, piece.index, piece.text, piece.finish_reason,
+                                              shapes.shifted(piece.logprobs, before)))
             if body.stream_options is not None and body.stream_options.include_usage:
                 yield shapes.sse(shapes.usage_chunk(
                     header, shapes.total_usage(prompt_tokens, list(completion_tokens.values()))))

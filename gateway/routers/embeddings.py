@@ -1,7 +1,6 @@
 """POST /v1/embeddings, OpenAI-compatible (the `openai` SDK works unchanged, base64 included)."""
 from __future__ import annotations
 
-import asyncio
 import base64
 
 import numpy as np
@@ -10,15 +9,13 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 
 from gateway.dependencies import EmbedderDep
-from gateway.embedding import offload
-from gateway.embedding.embed import l2_normalize
-from gateway.embedding.tokens import count_tokens
+from gateway.embedding.embed import check_texts, l2_normalize
+from gateway.embedding.inputs import texts_of
 from gateway.errors import BadRequest
 from gateway.middleware.strict_json import StrictJSONRoute
 from gateway.schemas.embeddings import EmbeddingsRequest
 
 router = APIRouter(tags=["openai"], route_class=StrictJSONRoute)
-INLINE_COUNT_CHARS = 1024  # up to ~0.4 ms (ASCII) of tokenizing on the event loop; more goes to the CPU pool
 
 
 def truncate_dimensions(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:
@@ -50,21 +47,16 @@ class EmbeddingsResponse(Response):
 
 @router.post("/v1/embeddings")
 async def embeddings(body: EmbeddingsRequest, embedder: EmbedderDep):
-    texts = [body.input] if isinstance(body.input, str) else body.input
+    texts = texts_of(body.input)  # token ids: a 400 naming the fix
+    check_texts(texts, embedder.settings)
+    truncate = embedder.settings.truncate_default if body.truncate is None else body.truncate
     # one dependency on the hot path (each costs ~10 us): the registry is the embedder's
     async with embedder.models.use(body.model) as spec:
         if body.dimensions is not None and not 0 < body.dimensions <= spec.dimension:
             raise BadRequest(f"dimensions must be between 1 and {spec.dimension} for {body.model}, "
                              f"not {body.dimensions}", param="dimensions", code="invalid_value")
-        if sum(map(len, texts)) <= INLINE_COUNT_CHARS:
-            # a few sentences: counting (~45 us for 170 bytes) costs less than the pool's thread hop and
-            # the two tasks of a gather (py-spy at c1: ~6% of the loop's time)
-            vectors = await embedder.embed_texts(body.model, texts)
-            tokens = count_tokens(spec, texts)
-        else:
-            # counting large texts (~23 ms per 64 KiB) runs in the CPU pool, off the loop, while Triton embeds
-            vectors, tokens = await asyncio.gather(embedder.embed_texts(body.model, texts),
-                                                   offload.run(count_tokens, spec, texts))
+        vectors, tokens = await embedder.embed_measured(spec, texts, truncate)
+    tokens = tokens or 0
     vectors = truncate_dimensions(vectors, body.dimensions)
     # a Response object, not a dict: FastAPI's jsonable_encoder would walk every float again (~1.5 ms
     # per 384-float vector)

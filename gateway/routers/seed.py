@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 
 from gateway.dependencies import EmbedderDep, EngineDep, RegistryDep, SettingsDep
 from gateway.embedding.embed import check_count
+from gateway.embedding.inputs import texts_of
 from gateway.embedding.images import image_bytes
 from gateway.errors import BadRequest
 from gateway.middleware.strict_json import StrictJSONRoute
@@ -91,7 +92,9 @@ async def infer(body: InferRequest, embedder: EmbedderDep, settings: SettingsDep
                                              for i, v in enumerate(body.image))))
     text_vectors = image_vectors = None
     if body.text:
-        text_vectors = await embedder.embed_texts(body.model_name, body.text, body.pretrained, body.normalize)
+        truncate = settings.truncate_default if body.truncate is None else body.truncate
+        text_vectors = await embedder.embed_texts(body.model_name, texts_of(body.text, "text"), body.pretrained,
+                                                  body.normalize, truncate, what="text")
     if images:
         image_vectors = await embedder.embed_images(body.model_name, images, body.pretrained, body.normalize)
     return JSONResponse({"text_embeddings": text_vectors.tolist() if text_vectors is not None else [],

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from gateway.schemas.text_input import TextListInput
+
 
 class LoadSentenceTransformer(BaseModel):
     model_name: str = Field(description="hub id (org/name) or a folder under MODEL_ROOTS")
@@ -26,6 +28,9 @@ class ModelRef(BaseModel):
 class InferRequest(BaseModel):
     model_name: str
     pretrained: str | None = None
-    text: list[str] | None = None
+    text: TextListInput | None = Field(None, description="a list of strings (token-id arrays are refused)")
     image: list[str] | None = Field(None, description="base64, data: URLs, or allowlisted http(s) URLs")
     normalize: bool = True
+    truncate: bool | None = Field(None, description="embed the first tokens of a text over the model's maximum "
+                                                    "sequence length instead of refusing it "
+                                                    "(default: TRUNCATE_DEFAULT)")

@@ -18,6 +18,7 @@ behind an ever longer queue while the server is saturated."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
@@ -25,6 +26,7 @@ from typing import Awaitable, Callable
 import numpy as np
 
 from gateway.errors import BadRequest, Unavailable
+from gateway.telemetry import spans
 
 Send = Callable[[list], Awaitable[np.ndarray]]  # items -> [len(items), ...] rows, in order
 
@@ -33,6 +35,10 @@ Send = Callable[[list], Awaitable[np.ndarray]]  # items -> [len(items), ...] row
 class _Job:
     items: list
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    # a traced request's `gateway.coalesce.wait` span and its context, where the call that takes its rows
+    # runs when it leads the batch (so Triton's spans join its trace); None when not traced
+    wait: object = None
+    context: contextvars.Context | None = None
 
 
 class Coalescer:
@@ -62,7 +68,8 @@ class Coalescer:
         if self.pending_rows + len(items) > self.max_pending:
             raise Unavailable(f"model '{self.name}' is over capacity ({self.pending_rows} rows waiting), retry later",
                               code="overloaded")
-        job = _Job(list(items))
+        wait = spans.start("gateway.coalesce.wait")
+        job = _Job(list(items), wait=wait, context=None if wait is None else contextvars.copy_context())
         self.pending.append(job)
         self.pending_rows += len(job.items)
         self._pump()
@@ -78,10 +85,16 @@ class Coalescer:
                 rows += len(job.items)
             self.pending_rows -= rows
             live = [job for job in batch if not job.future.done()]  # cancelled while queued: not sent
+            lead = next((job for job in live if job.context is not None), None)  # a traced request's
+            if lead is not None or any(job.wait is not None for job in batch):
+                _waited(batch, live, lead, rows)
             if not live:
                 continue
             self.calls += 1
-            task = asyncio.get_running_loop().create_task(self._call(live))
+            # the call runs in the lead's context; untraced, in a fresh one, not in the context of whichever
+            # request's task is pumping now (its trace is not this call's)
+            task = asyncio.get_running_loop().create_task(
+                self._call(live), context=lead.context if lead is not None else contextvars.Context())
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
@@ -94,8 +107,10 @@ class Coalescer:
             except BadRequest:
                 if len(batch) == 1:
                     raise
-                # whose row was it? each request alone, concurrently: only the faulty one fails
-                await asyncio.gather(*(self._alone(job) for job in batch))
+                # whose row was it? each request alone, concurrently (each in its own trace): only the faulty one fails
+                loop = asyncio.get_running_loop()
+                await asyncio.gather(*(loop.create_task(self._alone(job), context=job.context or contextvars.Context())
+                                       for job in batch))
                 return
             start = 0
             for job in batch:
@@ -122,3 +137,17 @@ class Coalescer:
             return
         if not job.future.done():
             job.future.set_result(rows)
+
+
+def _waited(batch: list[_Job], live: list[_Job], lead_job: _Job | None, rows: int) -> None:
+    """Ends the traced jobs' wait spans as their call leaves: how many requests and rows it carries, and
+    a link from each other request's wait to the lead's, whose trace holds the call and Triton's spans."""
+    lead = lead_job.wait if lead_job is not None else None
+    for job in batch:
+        if job.wait is None:
+            continue
+        if job.wait is not lead and lead is not None:
+            job.wait.add_link(lead.get_span_context(), {"gateway.coalesce.lead": True})
+        spans.end(job.wait, attributes={"gateway.coalesce.requests": len(live), "gateway.coalesce.rows": rows,
+                                        "gateway.coalesce.leads": job.wait is lead,
+                                        "gateway.coalesce.cancelled": job not in live})

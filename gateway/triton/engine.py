@@ -17,6 +17,7 @@ from tritonclient.utils import (InferenceServerException, deserialize_bytes_tens
                                 triton_to_np_dtype)
 
 from gateway import errors
+from gateway.telemetry import spans
 
 
 def infer_input(name: str, array: np.ndarray) -> InferInput:
@@ -157,11 +158,19 @@ class TritonEngine:
     async def infer(self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str],
                     timeout_s: float | None = None) -> dict[str, np.ndarray]:
         # the generated stub directly, as tritonclient's aio infer does inside, minus its per-call objects
+        span = spans.start_call("ModelInfer", model)  # None unless this request is traced
         try:
             response = await self.client._client_stub.ModelInfer(
-                infer_request(model, inputs, outputs), timeout=timeout_s or self.request_timeout_s)
+                infer_request(model, inputs, outputs), timeout=timeout_s or self.request_timeout_s,
+                metadata=spans.grpc_metadata(span))
         except grpc.RpcError as exc:
-            raise await self._failure(get_error_grpc(exc), model) from None
+            failure = await self._failure(get_error_grpc(exc), model)
+            spans.end(span, failure)
+            raise failure from None
+        except BaseException as exc:  # cancelled (a client gone): the span still ends
+            spans.end(span, exc)
+            raise
+        spans.end(span)
         arrays = response_arrays(response)
         return {name: arrays[name] for name in outputs}
 
@@ -182,10 +191,15 @@ class TritonEngine:
             yield request
 
         # the stub directly: the aio wrapper's stream_infer takes dicts and cannot set the flag above
-        call = self.client._client_stub.ModelStreamInfer(requests(), timeout=timeout_s or self.request_timeout_s)
-        done = False
+        span = spans.start_call("ModelStreamInfer", model)  # from the call to the final response
+        call = self.client._client_stub.ModelStreamInfer(requests(), timeout=timeout_s or self.request_timeout_s,
+                                                         metadata=spans.grpc_metadata(span))
+        done, failure, responses = False, None, 0
         try:
             async for message in call:
+                responses += 1
+                if responses == 1 and span is not None:
+                    span.add_event("first_response")  # the time to the first token
                 if message.error_message:
                     if not await self._still_live():  # the server died under the stream (issue 26: a 503)
                         raise server_gone(model)
@@ -202,10 +216,16 @@ class TritonEngine:
                 raise server_gone(model)
             raise errors.internal(RuntimeError("stream ended without a final response"), f"stream from '{model}'")
         except grpc.aio.AioRpcError as exc:  # the call itself failed (server gone, deadline)
-            raise await self._failure(InferenceServerException(exc.details(), status=str(exc.code())), model) from None
+            failure = await self._failure(InferenceServerException(exc.details(), status=str(exc.code())), model)
+            raise failure from None
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
             if not done:
                 call.cancel()
+            spans.end(span, failure if not isinstance(failure, GeneratorExit) else None,
+                      {"gateway.stream.responses": responses, "gateway.stream.complete": done} if span else None)
 
     async def _failure(self, exc: InferenceServerException, model: str) -> errors.ApiError:
         """translate(), except that a failure Triton does not explain (INTERNAL, UNKNOWN, CANCELLED), seen while

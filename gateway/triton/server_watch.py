@@ -1,7 +1,7 @@
 """The gateway's view of the Triton server underneath, kept true when the server dies and comes back.
 
 A poll every `period_s`: while Triton is not live, gateway/middleware/admission.py refuses every request with a 503
-naming the server. A new server (one seen after a down period, or one that no longer has a model the
+(naming no address). A new server (one seen after a down period, or one that no longer has a model the
 gateway holds: the kubelet restarted the `triton` container between two polls) has only what its
 command line loads, so every runtime-registered and preloaded model the registry holds is loaded
 again, from the folders the gateway generated (DATA_DIR/triton_models, Triton's second repository).
@@ -68,8 +68,8 @@ class ServerWatch:
             if self.down_since is None:
                 self.down_since = time.monotonic()
                 log.warning("Triton server at %s is down: requests get 503 until it is back", self.engine.url)
-            self.admission.server_problem = (f"the Triton server at {self.engine.url} is not live (restarting); "
-                                             "retry later")
+            # what /health answers: no internal address (the log line above names it)
+            self.admission.server_problem = "the Triton server is not live (restarting); retry later"
             return
         held = [e for e in self.registry.entries.values() if e.state == "ready" and e.spec is not None]
         ready = {m.get("name") for m in await self.engine.repository_index()

@@ -66,7 +66,7 @@ def main() -> int:
         return 1
     lines = [f"cluster: ready: {len(cluster.replicas)} replicas behind {cluster.url}",
              f"  haproxy  {cluster.url}  (checks GET /health every 1s; runtime API {cluster.admin.socket_path})",
-             f"  redis    {cluster.redis.url}"]
+             f"  redis    {cluster.redis.public_url}  (password in {cluster.password_file})"]
     lines += [f"  {r.name}  {cluster.replica_url(r.index)}  (Triton HTTP {r.http_port}, gRPC {r.grpc_port}, metrics "
               f"{r.metrics_port}; log {r.log_file})" for r in cluster.replicas]
     lines.append("  make cluster-rolling restarts them one at a time; Ctrl-C stops everything")

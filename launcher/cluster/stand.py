@@ -16,9 +16,11 @@ import time
 from pathlib import Path
 
 from gateway.loopback import is_loopback
+from gateway.server.http_protocol import client_cap
+from gateway.settings import Settings
 from launcher.cluster.haproxy import BACKEND, HAProxy
 from launcher.cluster.probe import client_host, http_status
-from launcher.cluster.redis_server import RedisServer
+from launcher.cluster.redis_server import RedisServer, kept_password
 from launcher.cluster.replicas import Replica, ReplicaKeeper, reap, server_name
 from launcher.cluster.state import owner_alive, read_state, write_state
 from launcher.keeper import RUNNING, Keeper, RestartPolicy
@@ -48,8 +50,9 @@ class Cluster(StartStop):
         self.replicas = [Replica(i, port + 1 + i, free_port(), free_port(), free_port(), self.dir / server_name(i))
                          for i in range(replicas)]
         address = client_host(self.host)  # where the gateways listen (HOST), as a client reaches it
+        # HAProxy connects from that address too, and the gateways believe its PROXY headers (TRUSTED_PROXIES)
         self.balancer = HAProxy(self.host, self.port, [(r.name, address, r.gateway_port) for r in self.replicas],
-                                self.dir)
+                                self.dir, source=address, client_connections=self._client_connections())
         self.admin = self.balancer.admin
         self.launcher_command = [sys.executable, "-m", "launcher"]
         self.redis_keeper, self.haproxy_keeper = (Keeper(service, RestartPolicy.at_once(), say=echo, name=name,
@@ -60,6 +63,10 @@ class Cluster(StartStop):
         self._stopping = threading.Event()
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
+
+    def _client_connections(self) -> int:
+        """One client address's connections at HAProxy: the gateways' MAX_CONNECTIONS_PER_CLIENT (0: no cap)."""
+        return client_cap(Settings.from_env({**os.environ, **self.env}))
 
     # -- addresses
     @property
@@ -74,6 +81,11 @@ class Cluster(StartStop):
         return self.dir / "cluster.json"
 
     @property
+    def password_file(self) -> Path:
+        """Redis's password (mode 600, kept across starts); every replica gets it in REDIS_URL."""
+        return self.dir / "redis_password"
+
+    @property
     def haproxy(self) -> subprocess.Popen | None:
         return self.balancer.process
 
@@ -82,8 +94,11 @@ class Cluster(StartStop):
         self._check_can_start()
         self.dir.mkdir(parents=True, exist_ok=True)
         try:
+            # only who can read this file (mode 600) may use the registry that every replica loads from
+            self.redis.password = kept_password(self.password_file)
             self.redis.start()
-            self.echo(f"cluster: redis {self.redis.url} (data {self.redis.data_dir})")
+            self.echo(f"cluster: redis {self.redis.public_url} (data {self.redis.data_dir}; password in "
+                      f"{self.password_file}, mode 600)")
             for replica in self.replicas:
                 self._launch(replica)
             self._write_state()
@@ -127,7 +142,7 @@ class Cluster(StartStop):
         env.update({"HOST": self.host, "HTTP_PORT": str(replica.http_port), "GRPC_PORT": str(replica.grpc_port),
                     "METRICS_PORT": str(replica.metrics_port), "GATEWAY_PORT": str(replica.gateway_port),
                     "DATA_DIR": str(replica.data_dir), "REPLICA_ID": replica.name, "REDIS_URL": self.redis.url,
-                    "PYTHONUNBUFFERED": "1"})
+                    "TRUSTED_PROXIES": self.balancer.source, "PYTHONUNBUFFERED": "1"})
         if self.models:
             env["LOAD_MODELS"] = ",".join(self.models)
         return env
@@ -171,7 +186,7 @@ class Cluster(StartStop):
     def _write_state(self) -> None:
         write_state(self.dir, {
             "pid": os.getpid(), "pid_start": start_time(os.getpid()), "host": self.host, "port": self.port,
-            "backend": BACKEND, "socket": str(self.admin.socket_path), "redis_url": self.redis.url,
+            "backend": BACKEND, "socket": str(self.admin.socket_path), "redis_url": self.redis.public_url,
             "drain_s": self._drain_s(), "haproxy_pid": self._haproxy_pid(),
             "replicas": [{"index": r.index, "name": r.name, "pid": r.process.pid if r.process else None,
                           "gateway_port": r.gateway_port, "http_port": r.http_port, "grpc_port": r.grpc_port,

@@ -1,4 +1,5 @@
-"""Iteration-level (continuous) batching for a transformers causal LM with a KV cache, no Triton.
+"""The torch engine (engine seam: seam.py): iteration-level (continuous) batching for a transformers causal LM
+with a KV cache, no Triton. The reference the OpenVINO engine is held to, and the engine of CUDA instances.
 
 One background thread runs the decode loop. Each step feeds the last token of every running
 sequence in one forward pass over a shared, left-padded KV cache (explicit attention_mask and
@@ -12,62 +13,45 @@ whole prefill; and only the last prompt position goes through the vocabulary pro
 from __future__ import annotations
 
 import logging
-import threading
-import time
+import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
-import numpy as np
 import torch
 from transformers import DynamicCache
 
+from gptj_generator.delivery import Delivery
+from gptj_generator.engine_loop import EngineLoop
+from gptj_generator.healing import AllowedIds
 from gptj_generator.kv_cache import growing_cache
-from codegen_common.request_checks import check_lengths, check_stop_words
-from gptj_generator.sampling import SamplingParams, sample
-from gptj_generator.text_stream import TextStream
-from stage_common.errors import Overloaded, check_token_rows
+from gptj_generator.sampling import new_generator, sample, token_logprob
+from gptj_generator.seam import MAX_TOP_LOGPROBS, DecodeLoopDied, GenerationRequest, Limits, Sink, emit
 
 _log = logging.getLogger("stage")
-# the engine's own end reasons -> OpenAI's finish_reason
-FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "cancelled"}
-
-
-class DecodeLoopDied(RuntimeError):
-    """The decode loop failed outside any one sequence: every request in the engine is failed with it."""
-
-
-class Sink(Protocol):
-    """Where one request's output goes (the Triton adapter wraps its response sender in one)."""
-
-    def send(self, token_ids: list[int]) -> None: ...  # raising = the client is gone
-    def finish(self, reason: str, token_ids: list[int]) -> None: ...  # last ids; eos, stop, length, cancelled
-    def fail(self, error: BaseException) -> None: ...
-    def cancelled(self) -> bool: ...
-
-
-@dataclass
-class GenerationRequest:
-    input_ids: Sequence[int]
-    max_tokens: int
-    sampling: SamplingParams = SamplingParams()
-    stop_words: Sequence[str] = ()
-    key: str | None = None  # lets another caller stop this request (see cancel)
 
 
 @dataclass(eq=False)
 class _Sequence:
-    request: GenerationRequest
-    sink: Sink
-    stream: TextStream
+    delivery: Delivery
     generator: torch.Generator | None
-    generated: list[int] = field(default_factory=list)
     cached: int = 0  # real (non-padding) tokens in the KV cache; also the next position id
-    ended: bool = False  # finished or failed: its sink has had its last word
+
+    @property
+    def request(self) -> GenerationRequest:
+        return self.delivery.request
+
+    @property
+    def key(self) -> str | None:
+        return self.delivery.key
+
+    @property
+    def ended(self) -> bool:
+        return self.delivery.ended
 
     @property
     def last_token(self) -> int:
-        return self.generated[-1]
+        return self.delivery.generated[-1]
 
 
 @dataclass(eq=False)
@@ -81,71 +65,44 @@ class _Prefill:
     fed: int = 0  # columns already in the cache
 
 
-class GenerationEngine:
+class TorchEngine(EngineLoop):
+    name = "torch"
+    max_top_logprobs = MAX_TOP_LOGPROBS
+
     def __init__(self, model, token_bytes: Sequence[bytes], eos_token_id: int | None, max_batch_size: int,
                  max_tokens_limit: int, device: torch.device | str = "cpu",
-                 on_progress: Callable[["GenerationEngine"], None] | None = None, cancel_poll_seconds: float = 0.1,
+                 on_progress: Callable[["TorchEngine"], None] | None = None, cancel_poll_seconds: float = 0.1,
                  prefill_token_budget: int = 2048, prefill_chunk_tokens: int = 256, max_pending: int = 256,
                  max_stop_words: int = 8, max_stop_word_chars: int = 64):
         self.model, self.token_bytes, self.eos = model, token_bytes, eos_token_id
-        self.on_progress = on_progress  # called after every loop turn (statistics)
-        # asking a sink whether its client left costs a round trip to the server: every step (0) or less often
-        self.cancel_poll_seconds, self._polled_at = cancel_poll_seconds, 0.0
-        self.max_batch_size, self.max_tokens_limit = max_batch_size, max_tokens_limit
+        self.max_tokens_limit = max_tokens_limit
         self.prefill_token_budget = prefill_token_budget  # padded prompt tokens prefilled as one group
         self.prefill_chunk_tokens = prefill_chunk_tokens  # padded prompt tokens fed per turn while others decode
-        self.max_pending = max_pending  # requests waiting for a row; over it submit refuses (Overloaded)
-        self.max_stop_words, self.max_stop_word_chars = max_stop_words, max_stop_word_chars
         self.context_window = model.config.n_positions
         # the embedding's row count, the real bound: an id outside it makes the shared forward raise
         self.vocab_size = model.get_input_embeddings().num_embeddings
+        self.limits = Limits(self.context_window, self.vocab_size, max_tokens_limit, max_stop_words,
+                             max_stop_word_chars, self.max_top_logprobs)
         self.device = torch.device(device)
-        self._pending: deque[_Sequence] = deque()
-        self._wakeup = threading.Condition()
+        self.allowed_ids = AllowedIds(token_bytes)  # token healing's constraint
         self._running: list[_Sequence] = []
         self._prefilling: deque[_Prefill] = deque()  # taken from pending, prompts being fed
-        self._admitting: list[_Sequence] = []  # taken from pending, not yet in _prefilling
         self._cache: DynamicCache | None = None
         self._mask: torch.Tensor | None = None  # [rows, cache length]: 1 = real token, 0 = left padding
-        self._stopping = False
-        self._cancelled_keys: set[str] = set()
-        self.steps = 0  # decode forward passes, for the statistics
-        self.rows_decoded = 0
-        self.busy_seconds = 0.0  # time spent prefilling, decoding and sampling
-        # each loop turn's time once for every sequence in it: what Triton's per-request compute
-        # statistics would show for a model batched per execution (the seed's share metric)
-        self.request_seconds = 0.0
-        self.restarts = 0  # times the supervisor restarted a dead decode loop
-        self._thread = threading.Thread(target=self._supervise, name="gptj-decode-loop", daemon=True)
-        self._thread.start()
+        self._start_loop(max_batch_size, max_pending, on_progress, cancel_poll_seconds, "gptj-decode-loop")
 
     # ---- requests ---------------------------------------------------------------------------
     def validate(self, request: GenerationRequest) -> None:
-        check_lengths(len(request.input_ids), request.max_tokens, self.context_window, self.max_tokens_limit)
         # composing models are public: an id outside the vocabulary would fail the whole batch's forward
-        ids = np.asarray(request.input_ids, dtype=np.int64).reshape(1, -1)
-        check_token_rows(ids, np.ones_like(ids), self.vocab_size, None)
-        check_stop_words(request.stop_words, self.max_stop_words, self.max_stop_word_chars)
-        request.sampling.validate()
+        self.limits.check(request)
 
     def submit(self, request: GenerationRequest, sink: Sink) -> None:
         """Queue a request (BadInput if it is unusable, Overloaded if too many wait for a row already);
         it joins the running batch at the next step."""
         self.validate(request)
-        seq = _Sequence(request, sink, TextStream(self.token_bytes, request.stop_words),
-                        request.sampling.new_generator(self.device))
-        with self._wakeup:
-            if len(self._pending) >= self.max_pending:
-                raise Overloaded(f"the generator has {len(self._pending)} requests waiting for a row, its limit "
-                                 f"(max_pending_requests): retry later")
-            self._pending.append(seq)
-            self._wakeup.notify()
-
-    def cancel(self, key: str) -> None:
-        """Stop the request submitted with this key (if it is still running) before its next step."""
-        with self._wakeup:
-            self._cancelled_keys.add(key)
-            self._wakeup.notify()
+        seq = _Sequence(Delivery(request, sink, self.token_bytes, self.eos, self.allowed_ids),
+                        new_generator(request.sampling, self.device))
+        self._enqueue(seq, seq.delivery)
 
     def holds(self, key: str) -> bool:
         """Whether a request submitted with this key is still here (waiting, admitted, fed or decoding): a
@@ -156,26 +113,12 @@ class GenerationEngine:
         return any(seq.request.key == key and not seq.ended for seq in seqs)
 
     @property
-    def active(self) -> int:
-        return self.running + len(self._pending)
-
-    @property
     def running(self) -> int:
         """Sequences holding a row: decoding, or having their prompt fed."""
         return len(self._running) + sum(len(group.seqs) for group in self._prefilling)
 
-    @property
-    def pending(self) -> int:
-        return len(self._pending)
-
-    def close(self) -> None:
-        with self._wakeup:
-            self._stopping = True
-            self._wakeup.notify()
-        self._thread.join()
-
     # ---- decode loop --------------------------------------------------------------------------
-    def _supervise(self) -> None:
+    def _run_loop(self) -> None:
         """Runs the decode loop; if it dies, every running and waiting request fails at once and the
         loop starts again on a fresh cache, so new requests are served."""
         while True:
@@ -197,47 +140,21 @@ class GenerationEngine:
 
     @staticmethod
     def _fail(seq: _Sequence, error: BaseException) -> None:
-        seq.ended = True
-        try:
-            seq.sink.fail(error)
-        except Exception:  # noqa: BLE001 - a sink that cannot even fail must not stop the others
-            _log.exception("could not report a failure to a codegen request")
+        seq.delivery.fail(error)
 
     def _loop(self) -> None:
-        while True:
-            with self._wakeup:
-                while not self._stopping and not self.running and not self._pending:
-                    self._cancelled_keys.clear()  # nothing left that they could name
-                    self._wakeup.wait()
-                if self._stopping:
-                    break
-                room = self.max_batch_size - self.running
-                admitted = [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
-                keys, self._cancelled_keys = self._cancelled_keys, set()
-                if keys:  # waiting ones are dropped too (the filter below fails them)
-                    admitted += [seq for seq in self._pending if seq.request.key in keys]
-                    self._pending = deque(seq for seq in self._pending if seq.request.key not in keys)
-                # between the two queues: the supervisor fails these too if the loop dies before they are in
-                self._admitting = admitted
-            started, taking_part = time.perf_counter(), 0
-            poll = started - self._polled_at >= self.cancel_poll_seconds
-            self._polled_at = started if poll else self._polled_at
-            self._admit(admitted, keys, poll)
+        # admitted requests sit in _admitting between the two queues: the supervisor fails them too if the loop
+        # dies before they are in
+        while (turn := self._next_turn()) is not None:
+            self._admit(turn.admitted, turn.cancelled_keys, turn.poll)
             # a failure from here on (e.g. in the forward pass) leaves the batch's cache unusable: the
             # supervisor fails everything in the engine and restarts the loop on a fresh cache
-            self._drop_cancelled(keys, poll)
+            self._drop_cancelled(turn.cancelled_keys, turn.poll)
             taking_part = self.running
             self._feed_prompts()
             if self._running:
                 self._decode_step()
-            elapsed = time.perf_counter() - started
-            self.busy_seconds += elapsed
-            self.request_seconds += elapsed * taking_part
-            if self.on_progress is not None:
-                try:
-                    self.on_progress(self)
-                except Exception:  # noqa: BLE001 - statistics must never stop the generation
-                    _log.exception("codegen progress callback failed (ignored)")
+            self._end_turn(turn, taking_part)
         prefilling = [seq for group in self._prefilling for seq in group.seqs]
         for seq in self._running + prefilling + list(self._pending):
             self._fail(seq, RuntimeError("the generator is shutting down"))
@@ -246,8 +163,12 @@ class GenerationEngine:
         """Admission is all-or-fail: every admitted request ends up being prefilled, finished (cancelled) or
         failed, never lost between _pending and _prefilling (a BLS caller would wait for it forever)."""
         try:
-            joining = [seq for seq in admitted if not self._gone(seq, keys, poll)]
-            groups = self._prefill_groups(joining)
+            joining = [seq for seq in admitted if not seq.delivery.gone(keys, poll)]
+            for seq in joining:
+                emit(seq.request, "scheduled")
+                if seq.request.prompt_logprobs:  # a score-only request (max_tokens 0) ends here
+                    seq.delivery.set_prompt_logprobs(self._prompt_logprobs(seq.request))
+            groups = self._prefill_groups([seq for seq in joining if not seq.ended])
         except Exception as exc:  # noqa: BLE001 - e.g. a tensor copy to the device: the running batch is intact
             _log.error("codegen admission failed (%r); failing the %d request(s) admitted", exc, len(admitted),
                        exc_info=exc)
@@ -258,6 +179,14 @@ class GenerationEngine:
         with self._wakeup:
             self._prefilling += groups
             self._admitting = []
+
+    @torch.inference_mode()
+    def _prompt_logprobs(self, request: GenerationRequest) -> list:
+        """Echo's logprobs: one forward over the prompt with every position's logits (the batched prefill
+        projects the last position only); only requests that ask pay for it."""
+        ids = list(request.input_ids)
+        logits = self.model(input_ids=torch.tensor([ids], dtype=torch.long, device=self.device)).logits[0].float()
+        return [None] + [token_logprob(logits[i], ids[i + 1], request.logprobs) for i in range(len(ids) - 1)]
 
     def _prefill_groups(self, seqs: list[_Sequence]) -> list[_Prefill]:
         """Requests admitted together are prefilled together, up to a padded-token budget (the
@@ -342,29 +271,23 @@ class GenerationEngine:
             self._keep_rows(keep)
 
     def _accept(self, seq: _Sequence, greedy: int, logits: torch.Tensor) -> bool:
-        """Choose and record the next token, release what can be streamed; False once the sequence is
-        done. Everything here is this sequence's alone: a failure fails it and no batch-mate."""
+        """Choose the next token and hand it to the request's delivery; False once the sequence is done.
+        Everything here is this sequence's alone: a failure fails it and no batch-mate."""
         try:
-            token = greedy if seq.generator is None else sample(logits, seq.request.sampling, seq.generator)
-            seq.generated.append(token)
-            if token == self.eos:
-                return self._finish(seq, "eos")
-            released = seq.stream.push(token)
-            if released:
-                seq.sink.send(released)
-            if seq.stream.stopped:
-                return self._finish(seq, "stop")
-            if len(seq.generated) >= seq.request.max_tokens:
-                return self._finish(seq, "length")
-        except Exception as exc:  # noqa: BLE001 - e.g. the client is gone: free its row, keep the others
+            healing, choices = seq.delivery.healing, logits
+            if healing is not None and healing.active:  # only ids that spell the healed prefix
+                allowed = torch.as_tensor(healing.allowed(), device=logits.device)
+                choices = torch.full_like(logits, -math.inf).index_copy(0, allowed, logits.index_select(0, allowed))
+                greedy = int(choices.argmax())
+            token = greedy if seq.generator is None else sample(choices, seq.request.sampling, seq.generator)
+            if healing is not None:
+                healing.advance(token)
+            wanted = seq.request.logprobs
+            logprob = None if wanted is None else token_logprob(logits, token, wanted)
+        except Exception as exc:  # noqa: BLE001 - e.g. a sampling fault: free its row, keep the others
             self._fail(seq, exc)
             return False
-        return True
-
-    def _finish(self, seq: _Sequence, reason: str) -> bool:
-        seq.ended = True
-        seq.sink.finish(reason, seq.stream.flush())
-        return False
+        return seq.delivery.accept(token, logprob)
 
     # ---- the shared KV cache -------------------------------------------------------------------
     def _join(self, seqs: list[_Sequence], cache: DynamicCache, mask: torch.Tensor) -> None:
@@ -410,30 +333,14 @@ class GenerationEngine:
         else:
             self._mask = self._select_rows(self._cache, self._mask, keep)
 
-    @classmethod
-    def _gone(cls, seq: _Sequence, cancelled_keys: set[str], poll: bool) -> bool:
-        try:
-            left = poll and seq.sink.cancelled()
-        except Exception as exc:  # noqa: BLE001 - a sink that cannot tell fails its own request alone
-            cls._fail(seq, exc)
-            return True
-        if (seq.request.key is not None and seq.request.key in cancelled_keys) or left:
-            seq.ended = True
-            try:
-                seq.sink.finish("cancelled", [])  # an ordinary end: whoever stopped it reads the stream out
-            except Exception:  # noqa: BLE001 - the client is gone already; its row is freed all the same
-                pass
-            return True
-        return False
-
     def _drop_cancelled(self, cancelled_keys: set[str], poll: bool) -> None:
         if not cancelled_keys and not poll:
             return
-        keep = [i for i, seq in enumerate(self._running) if not self._gone(seq, cancelled_keys, poll)]
+        keep = [i for i, seq in enumerate(self._running) if not seq.delivery.gone(cancelled_keys, poll)]
         if len(keep) < len(self._running):
             self._keep_rows(keep)
         for group in list(self._prefilling):
-            keep = [i for i, seq in enumerate(group.seqs) if not self._gone(seq, cancelled_keys, poll)]
+            keep = [i for i, seq in enumerate(group.seqs) if not seq.delivery.gone(cancelled_keys, poll)]
             if not keep:
                 self._prefilling.remove(group)
             elif len(keep) < len(group.seqs):

@@ -1,0 +1,129 @@
+"""What both engines' loops share (torch_engine.py, openvino_engine.py): the queue of requests waiting for a row
+and its bound, stopping requests by key, the turn a loop takes (who is admitted, which keys were cancelled,
+whether sinks are asked if their client left), the statistics each turn adds to, and closing.
+
+An engine subclasses EngineLoop, calls `_start_loop(...)` once its model is ready, and implements `running`
+(requests holding a row), `_loop()` (turns until `_next_turn()` returns None) and what a turn does."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+from gptj_generator.seam import EngineStats
+from stage_common.errors import Overloaded
+
+_log = logging.getLogger("stage")
+
+
+@dataclass
+class Turn:
+    admitted: list  # taken from the queue (and the waiting ones stopped by key, which admission ends)
+    cancelled_keys: set[str]
+    poll: bool  # ask each sink whether its client left
+    started: float  # perf_counter
+
+
+class EngineLoop:
+    name = "?"
+
+    def _start_loop(self, max_batch_size: int, max_pending: int, on_progress: Callable | None,
+                    cancel_poll_seconds: float, thread_name: str) -> None:
+        self.max_batch_size = max_batch_size  # rows decoded together; more requests wait for one
+        self.max_pending = max_pending  # requests waiting for a row; over it submit refuses (Overloaded)
+        self.on_progress = on_progress  # called after every loop turn (statistics)
+        # asking a sink whether its client left costs a round trip to the server: every turn (0) or less often
+        self.cancel_poll_seconds, self._polled_at = cancel_poll_seconds, 0.0
+        self._wakeup = threading.Condition()
+        self._pending: deque = deque()
+        self._admitting: list = []  # taken from the queue, not yet running (never lost in between)
+        self._cancelled_keys: set[str] = set()
+        self._stopping = False
+        self.steps = 0  # batched forward passes, for the statistics
+        self.rows_decoded = 0
+        self.busy_seconds = 0.0  # time spent in turns: prefilling, decoding, sampling
+        # each turn's time once for every sequence in it: what Triton's per-request compute statistics would show
+        # for a model batched per execution (the seed's share metric)
+        self.request_seconds = 0.0
+        self.restarts = 0  # times a failure failed every running request and the engine went on
+        self._thread = threading.Thread(target=self._run_loop, name=thread_name, daemon=True)
+        self._thread.start()
+
+    @property
+    def running(self) -> int:
+        raise NotImplementedError
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+    def _run_loop(self) -> None:
+        self._loop()
+
+    # ---- the seam ------------------------------------------------------------------------------------------
+    def _enqueue(self, entry, delivery) -> None:
+        """Queue an entry (its delivery announces it), or refuse it when too many wait for a row already."""
+        with self._wakeup:
+            if len(self._pending) >= self.max_pending:
+                raise Overloaded(f"the generator has {len(self._pending)} requests waiting for a row, its limit "
+                                 f"(max_pending_requests): retry later")
+            delivery.queued()  # before the loop can see it: events come in order
+            self._pending.append(entry)
+            self._wakeup.notify()
+
+    def cancel(self, key: str) -> None:
+        """Stop the request submitted with this key (running or waiting) at the loop's next turn."""
+        with self._wakeup:
+            self._cancelled_keys.add(key)
+            self._wakeup.notify()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    @property
+    def active(self) -> int:
+        return self.running + self.pending
+
+    def stats(self) -> EngineStats:
+        return EngineStats(self.running, self.pending, self.steps, self.rows_decoded, self.busy_seconds,
+                           self.request_seconds, self.restarts)
+
+    def close(self) -> None:
+        with self._wakeup:
+            self._stopping = True
+            self._wakeup.notify()
+        self._thread.join()
+
+    # ---- a turn --------------------------------------------------------------------------------------------
+    def _next_turn(self) -> Turn | None:
+        """Wait for work; None once closing. Admits as many waiting requests as there are free rows."""
+        with self._wakeup:
+            while not self._stopping and not self.running and not self._pending:
+                self._cancelled_keys.clear()  # nothing left that they could name
+                self._wakeup.wait()
+            if self._stopping:
+                return None
+            room = self.max_batch_size - self.running
+            admitted = [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
+            keys, self._cancelled_keys = self._cancelled_keys, set()
+            if keys:  # waiting ones are dropped too (admission ends them)
+                admitted += [entry for entry in self._pending if entry.key in keys]
+                self._pending = deque(entry for entry in self._pending if entry.key not in keys)
+            self._admitting = admitted
+        started = time.perf_counter()
+        poll = started - self._polled_at >= self.cancel_poll_seconds
+        self._polled_at = started if poll else self._polled_at
+        return Turn(admitted, keys, poll, started)
+
+    def _end_turn(self, turn: Turn, taking_part: int) -> None:
+        elapsed = time.perf_counter() - turn.started
+        self.busy_seconds += elapsed
+        self.request_seconds += elapsed * taking_part
+        if self.on_progress is not None:
+            try:
+                self.on_progress(self)
+            except Exception:  # noqa: BLE001 - statistics must never stop the generation
+                _log.exception("codegen progress callback failed (ignored)")

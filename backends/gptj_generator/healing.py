@@ -1,0 +1,72 @@
+"""Token healing, the generator's half (the preprocessing backs off the prompt's last token: codegen_preprocess/
+healing.py): the first generated id(s) must spell out the bytes that were backed off, then generation goes on
+freely. An id is allowed while it starts with what is left to spell, or is a non-empty start of it (then the
+next id spells the rest). Engine-free: the torch engine masks its logits with `allowed()`, the OpenVINO engine
+(whose pipeline takes no logits hook) chooses the constrained ids from its scorer's logits (openvino_scorer.py)
+with `choose()` before the pipeline takes over."""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from gptj_generator.seam import SamplingParams
+
+
+class AllowedIds:
+    """Ids allowed for each remaining prefix, per vocabulary (one scan of the vocabulary per new prefix)."""
+
+    def __init__(self, token_bytes: Sequence[bytes]):
+        self.token_bytes = token_bytes
+        self._cache: dict[bytes, np.ndarray] = {}
+
+    def __call__(self, prefix: bytes) -> np.ndarray:
+        ids = self._cache.get(prefix)
+        if ids is None:
+            ids = np.array([i for i, b in enumerate(self.token_bytes)
+                            if b and (b.startswith(prefix) or prefix.startswith(b))], dtype=np.int64)
+            if len(self._cache) < 4096:  # prefixes repeat (a newline, indentation): bounded anyway
+                self._cache[prefix] = ids
+        return ids
+
+
+class Healing:
+    """One request's constraint: `active` while bytes are left to spell; `advance` with each chosen id."""
+
+    def __init__(self, allowed_ids: AllowedIds, prefix: bytes):
+        self._allowed_ids, self.remaining = allowed_ids, prefix
+
+    @property
+    def active(self) -> bool:
+        return bool(self.remaining)
+
+    def allowed(self) -> np.ndarray:
+        ids = self._allowed_ids(self.remaining)
+        if not len(ids):  # no id spells it (cannot happen for a prefix cut from the prompt's own ids)
+            raise ValueError(f"no token starts with the healed prefix {self.remaining!r}")
+        return ids
+
+    def advance(self, token: int) -> None:
+        spelled = self._allowed_ids.token_bytes[token]
+        self.remaining = self.remaining[len(spelled):] if self.remaining.startswith(spelled) else b""
+
+
+def choose(logits: np.ndarray, allowed: np.ndarray, sampling: SamplingParams, rng: np.random.Generator) -> int:
+    """One id among `allowed` from a [vocab] row of raw logits: greedy, or sampled as the torch engine samples
+    (temperature, then top-k, then top-p) over the allowed ids only."""
+    scores = logits[allowed].astype(np.float64)
+    if sampling.greedy:
+        return int(allowed[int(np.argmax(scores))])
+    scores = scores / sampling.temperature
+    if 0 < sampling.top_k < scores.size:
+        kth = np.sort(scores)[-sampling.top_k]
+        scores = np.where(scores < kth, -math.inf, scores)
+    probs = np.exp(scores - scores.max())
+    probs /= probs.sum()
+    if sampling.top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")
+        before = np.cumsum(probs[order]) - probs[order]
+        probs[order[before >= sampling.top_p]] = 0.0
+        probs /= probs.sum()
+    return int(allowed[rng.choice(len(allowed), p=probs)])

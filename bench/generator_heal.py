@@ -1,0 +1,174 @@
+"""Kill -> serving again for the codegen pipelines (issue 48): under 64 unary `codegen` clients and 8
+`codegen_stream` clients, SIGKILL the generator's stub and time how long until fresh `codegen` and
+`codegen_stream` requests succeed 3 times in a row. The generator's own heal is included, and so is the
+keeper's restart of a server that Triton 2.51 aborted while the supervisor reloaded the generator
+(docs/self-healing.md): either way the figure is what a client sees.
+
+    .venv/bin/python bench/generator_heal.py --kills 5 [--engine torch]
+
+The server runs as `make triton` runs it (supervisor with its canaries, restarted by the keeper), with the
+codegen models only. tests/test_codegen_heal_under_load_server.py checks the same with a loose bound."""
+from __future__ import annotations
+
+import argparse
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT / "tests"))  # food_images.py (the workload), codegen_engines.py
+
+import tritonclient.grpc as grpcclient  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from bench.workload import Load  # noqa: E402
+from supervisor.codegen_probe import request_inputs, stream_call  # noqa: E402
+from supervisor.faults import kill_stub  # noqa: E402
+
+GENERATOR = "codegen_generator"
+CODEGEN_MODELS = [GENERATOR, "codegen", "codegen_stream"]
+UNARY_CLIENTS, STREAM_CLIENTS = 64, 8
+IN_A_ROW = 3
+FRESH_TIMEOUT_S = 10.0  # one fresh request's wait: a request the heal left hanging must not hide as slowness
+
+
+@dataclass
+class KillResult:
+    killed_at: float
+    served_at: float | None  # the first answer of the IN_A_ROW successful rounds in a row
+    streak_at: float | None  # the last answer of that streak
+    how: str  # "healed" (the supervisor reloaded the generator) or "server restarted" (Triton aborted)
+    heal_s: float | None  # the generator's own heal (or the server's restart), from the supervisor's events
+
+    @property
+    def serving_s(self) -> float | None:
+        return None if self.served_at is None else self.served_at - self.killed_at
+
+
+def accepted(outcome) -> bool:
+    """Answered, or UNAVAILABLE. Over a gRPC stream Triton sends no status code: there the fronts' own
+    UNAVAILABLE refusals are told by their words ("... retry", stage_common/errors.Overloaded's)."""
+    if outcome.error is None or "UNAVAILABLE" in outcome.error:
+        return True
+    return outcome.pipeline == "codegen_stream" and outcome.error.startswith("None: ") and "retry" in outcome.error
+
+
+def fresh_round(url: str) -> None:
+    """One fresh `codegen` and one fresh `codegen_stream` request on a new client; raises unless both answer."""
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        client.infer("codegen", request_inputs("def f():", 4), client_timeout=FRESH_TIMEOUT_S)
+        stream_call(client, "codegen_stream", request_inputs("def f():", 4), timeout=FRESH_TIMEOUT_S)
+    finally:
+        client.close()
+
+
+def serving_again(url: str, limit_s: float, in_a_row: int = IN_A_ROW) -> tuple[float | None, float | None]:
+    """(first answer, last answer) of the first `in_a_row` fresh rounds answered in a row, polling for at most
+    `limit_s`; (None, None) if that never happened."""
+    deadline = time.time() + limit_s
+    streak: list[float] = []
+    while time.time() < deadline:
+        try:
+            fresh_round(url)
+        except (InferenceServerException, Exception):  # noqa: BLE001 - not serving yet: start the streak again
+            streak = []
+            time.sleep(0.2)
+            continue
+        streak.append(time.time())
+        if len(streak) == in_a_row:
+            return streak[0], streak[-1]
+    return None, None
+
+
+def kill_generator(kept, limit_s: float) -> KillResult:
+    """SIGKILL the generator's stub of the server `kept` (a SupervisedServer) runs; time serving again."""
+    server = kept.server
+    restarts_before = len(kept.restarts)
+    killed_at = time.time()
+    kill_stub(server.process.pid, GENERATOR)
+    served_at, streak_at = serving_again(server.grpc_url, limit_s)
+    healed = next((t for t, e, m in kept.events if e == "healed" and m == GENERATOR and t > killed_at), None)
+    restarted = next((r.ready_at for r in kept.restarts[restarts_before:] if r.ready_at), None)
+    how, at = ("server restarted", restarted) if restarted else ("healed", healed)
+    return KillResult(killed_at, served_at, streak_at, how, None if at is None else at - killed_at)
+
+
+def codegen_load(url: str, timeout_s: float = 60.0) -> list[Load]:
+    """The issue's load: 64 unary `codegen` clients and 8 `codegen_stream` clients, each in a loop."""
+    return [Load(url, ["codegen"], concurrency=UNARY_CLIENTS, timeout_s=timeout_s),
+            Load(url, ["codegen_stream"], concurrency=STREAM_CLIENTS, timeout_s=timeout_s)]
+
+
+def supervised_codegen_server(folder: Path, engine: str | None = None):
+    """A SupervisedServer of the codegen models as `make triton` supervises them (canaries included); the
+    generator on `engine` (None: the shipped `auto`) through its config on disk, which the heal reads too."""
+    from launcher.keeper import RestartPolicy
+    from launcher.processes import free_port
+    from launcher.server_keeper import SupervisedServer
+    from launcher.triton_server import MODEL_REPOSITORY, TritonServer
+    from supervisor.canaries import default_canaries
+    from supervisor.monitor import Supervisor
+
+    repository = MODEL_REPOSITORY
+    if engine is not None:
+        from codegen_engines import repository_with_engine
+
+        repository = repository_with_engine(folder / "models", engine)
+    server = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                          model_repository=repository, explicit_models=CODEGEN_MODELS,
+                          log_file=folder / "tritonserver.log")
+    return SupervisedServer(server, lambda s: Supervisor(
+        lambda: s.process and s.process.pid, s.grpc_url, folder / "supervisor.json",
+        canaries=default_canaries(s.grpc_url), canary_period_s=10.0, metrics_url=s.metrics_url),
+        RestartPolicy(max_restarts=10, window_s=600))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kills", type=int, default=5)
+    parser.add_argument("--engine", choices=["openvino", "torch"], default=None, help="default: the shipped auto")
+    parser.add_argument("--limit-s", type=float, default=120.0, help="give up on one kill after this long")
+    parser.add_argument("--settle-s", type=float, default=5.0, help="load between serving again and the next kill")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still stops its server
+    folder = Path(tempfile.mkdtemp(prefix="generator_heal_"))
+    kept = supervised_codegen_server(folder, args.engine).start(timeout=600)
+    loads = codegen_load(kept.server.grpc_url)
+    results: list[KillResult] = []
+    try:
+        for load in loads:
+            load.start()
+        time.sleep(10)  # every client in its loop
+        for i in range(args.kills):
+            result = kill_generator(kept, args.limit_s)
+            results.append(result)
+            heal = f"{result.heal_s:.2f}s" if result.heal_s is not None else "-"
+            serving = f"{result.serving_s:.2f}s" if result.serving_s is not None else f"NOT in {args.limit_s:.0f}s"
+            print(f"kill {i + 1}: kill -> serving {serving} ({result.how} after {heal})", flush=True)
+            time.sleep(args.settle_s)
+    finally:
+        for load in loads:
+            load.stop(grace_s=90)
+        kept.stop()
+    outcomes = [o for load in loads for o in load.outcomes]
+    failed = [o for o in outcomes if o.error is not None]
+    served = [r.serving_s for r in results if r.serving_s is not None]
+    print(f"\n{len(results)} generator kills under {UNARY_CLIENTS} codegen + {STREAM_CLIENTS} codegen_stream clients "
+          f"(engine {args.engine or 'auto'}): kill -> serving " + ", ".join(f"{s:.2f}s" for s in served)
+          + (f"; median {statistics.median(served):.2f}s, max {max(served):.2f}s" if served else ""))
+    refused = [o for o in failed if not accepted(o)]
+    print(f"  requests: {len(outcomes)}, failed {len(failed)}, of which not UNAVAILABLE {len(refused)}; "
+          f"server restarts {len(kept.restarts)}")
+    for o in refused[:5]:
+        print(f"    {o.pipeline}: {o.error[:200]}")
+    return 0 if len(served) == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

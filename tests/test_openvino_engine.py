@@ -1,0 +1,163 @@
+"""The OpenVINO engine's own promises (backends/gptj_generator/openvino_engine.py), beyond the contract both
+engines share (test_codegen_engine.py): a failing step fails the running requests alone and the pipeline serves on,
+a request the pipeline refuses fails alone, the pending bound, seeds, the dropped second copy of the weights,
+the engine choice, and a generator stub on OpenVINO that never imports torch."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from gptj_generator.file_pages import mapped_ranges
+from gptj_generator.loading import choose_engine
+from gptj_generator.openvino_engine import WEIGHTS_FILE, fold_seed
+from gptj_generator.seam import DecodeLoopDied, GenerationRequest, SamplingParams
+from model_configs import load_python_model
+from stage_common.errors import Overloaded
+from test_codegen_engine import GENERATOR_DIR, WAIT, Collector, ids_of, make_engine, reference, tokenizer  # noqa: F401
+from test_torch_free_stages import _assert_loads_torch_free
+
+PROMPT = "def fibonacci(n):"
+
+
+class PipeProxy:
+    """The engine's pipeline with faults on demand: steps that raise, a gate that holds the step, a refusal."""
+
+    def __init__(self, pipe):
+        self.pipe, self.failing_steps, self.refuse = pipe, 0, None
+        self.gate, self.stepping = threading.Event(), threading.Event()
+        self.gate.set()
+
+    def step(self):
+        self.stepping.set()
+        assert self.gate.wait(WAIT)
+        if self.failing_steps:
+            self.failing_steps -= 1
+            raise RuntimeError("injected step fault")
+        return self.pipe.step()
+
+    def add_request(self, request_id, prompt, config):
+        if self.refuse is not None and self.refuse(prompt.data.tolist()[0]):
+            raise RuntimeError("injected refusal")
+        return self.pipe.add_request(request_id, prompt, config)
+
+    def __getattr__(self, name):
+        return getattr(self.pipe, name)
+
+
+@pytest.fixture
+def faulty():
+    """One row, one waiting request at most."""
+    engine = make_engine("openvino", max_batch_size=1, max_pending=1, cancel_poll_seconds=0)
+    engine.pipe = PipeProxy(engine.pipe)
+    yield engine
+    engine.pipe.gate.set()
+    engine.close()
+
+
+@pytest.fixture
+def refusing():
+    engine = make_engine("openvino", cancel_poll_seconds=0)
+    engine.pipe = PipeProxy(engine.pipe)
+    yield engine
+    engine.close()
+
+
+def test_a_failing_step_fails_the_running_request_and_the_waiting_one_is_served(faulty, tokenizer):
+    running, waiting = Collector(), Collector()
+    faulty.submit(GenerationRequest(ids_of(tokenizer, PROMPT), 200), running)
+    running.wait_tokens(2)
+    faulty.submit(GenerationRequest(ids_of(tokenizer, "import os\n"), 16), waiting)  # no free row: it waits
+    faulty.pipe.failing_steps = 1
+    assert isinstance(running.wait().error, DecodeLoopDied)
+    assert waiting.wait().error is None and waiting.ids == reference(tokenizer, "import os\n", 16)
+    assert faulty.restarts == 1
+    after = Collector()
+    faulty.submit(GenerationRequest(ids_of(tokenizer, PROMPT), 24), after)
+    assert after.wait().ids == reference(tokenizer, PROMPT, 24), "the pipeline serves as a fresh one"
+
+
+def test_a_request_the_pipeline_refuses_fails_alone(refusing, tokenizer):
+    refused_prompt = ids_of(tokenizer, "x")
+    refusing.pipe.refuse = lambda ids: ids == refused_prompt
+    before, refused, after = Collector(), Collector(), Collector()
+    with refusing._wakeup:  # queued together, so admitted in one turn
+        for prompt, sink in ((ids_of(tokenizer, PROMPT), before), (refused_prompt, refused),
+                             (ids_of(tokenizer, PROMPT), after)):
+            refusing.submit(GenerationRequest(prompt, 8), sink)
+    assert "injected refusal" in str(refused.wait().error)
+    assert before.wait().ids == after.wait().ids == reference(tokenizer, PROMPT, 8)
+    assert refusing.restarts == 0
+
+
+def test_over_the_pending_bound_a_request_is_refused_at_once(faulty, tokenizer):
+    faulty.pipe.gate.clear()
+    faulty.pipe.stepping.clear()
+    first, second = Collector(), Collector()
+    faulty.submit(GenerationRequest(ids_of(tokenizer, PROMPT), 4), first)
+    assert faulty.pipe.stepping.wait(WAIT)  # the first holds the one row; the second waits for it
+    faulty.submit(GenerationRequest(ids_of(tokenizer, PROMPT), 4), second)
+    with pytest.raises(Overloaded, match="max_pending_requests"):
+        faulty.submit(GenerationRequest(ids_of(tokenizer, PROMPT), 4), Collector())
+    faulty.pipe.gate.set()
+    assert first.wait().error is None and second.wait().error is None
+
+
+def test_seeds_of_64_bits_are_folded_and_unseeded_requests_draw_their_own(tokenizer):
+    assert fold_seed(1) != fold_seed(2**32 + 1) and max(fold_seed(2**64 - 1), fold_seed(2**40)) < 2**32
+    engine = make_engine("openvino")
+    try:
+        def sampled(seed):
+            sink = Collector()
+            engine.submit(GenerationRequest(ids_of(tokenizer, PROMPT), 24, SamplingParams(1.0, 0, 1.0, seed)), sink)
+            return sink.wait().ids
+
+        big = 2**40 + 5  # folded, it must not collide with 5
+        assert sampled(big) == sampled(big) != sampled(5)
+        # a row may end early (end-of-text): several draws are compared
+        assert len({tuple(sampled(None)) for _ in range(4)}) > 1, "an unset seed must not be a fixed one"
+    finally:
+        engine.close()
+
+
+def test_the_mapped_weights_are_dropped_after_the_warm_up(tokenizer):
+    engine = make_engine("openvino")
+    try:
+        weights = engine.ir_dir / WEIGHTS_FILE
+        assert engine.dropped_bytes >= weights.stat().st_size
+        starts = {start for start, _ in mapped_ranges(weights)}
+        resident, entry = 0, None
+        for line in open("/proc/self/smaps"):
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                entry = int(head.split("-")[0], 16)
+            elif head == "Rss:" and entry in starts:
+                resident += int(line.split()[1]) * 1024
+        assert resident < weights.stat().st_size / 4, (resident, weights.stat().st_size)
+        done = Collector()  # and the engine still runs on its own copy
+        engine.submit(GenerationRequest(ids_of(tokenizer, PROMPT), 8), done)
+        assert done.wait().ids == reference(tokenizer, PROMPT, 8)
+    finally:
+        engine.close()
+
+
+def test_the_engine_parameter_picks_openvino_on_cpu_and_torch_on_gpu():
+    assert choose_engine("auto", gpu=False) == "openvino" and choose_engine("auto", gpu=True) == "torch"
+    assert choose_engine("torch", gpu=False) == "torch" and choose_engine("openvino", gpu=False) == "openvino"
+    with pytest.raises(ValueError, match="OpenVINO does not drive NVIDIA GPUs"):
+        choose_engine("openvino", gpu=True)
+    with pytest.raises(ValueError, match="must be one of"):
+        choose_engine("onnx", gpu=False)
+
+
+@pytest.mark.parametrize("setting, expected", [(None, "openvino"), ("torch", "torch"), ("openvino", "openvino")])
+def test_the_generator_model_loads_the_configured_engine(setting, expected):
+    model = load_python_model("codegen_generator", params={"engine": setting} if setting else None)
+    try:
+        assert model.engine.name == expected
+    finally:
+        model.finalize()
+
+
+def test_the_generator_on_openvino_never_imports_torch():
+    _assert_loads_torch_free("load_python_model('codegen_generator').finalize()")
