@@ -142,3 +142,17 @@ def test_healing_constraint_spells_a_prefix_over_several_ids():
     assert drawn == {1, 2, 3}
     assert {choose(logits, np.array([1, 2, 3]), SamplingParams(temperature=1.0, top_k=1), rng)
             for _ in range(50)} == {2}
+
+
+def test_an_over_long_heal_prefix_fails_its_request_alone(engine, tokenizer):
+    """codegen_generator's heal_prefix comes from the preprocessing, but a direct caller may send anything: one over
+    the bound is refused at submit (INVALID_ARGUMENT in Triton) and a batch-mate submitted beside it is served. (Any
+    bytes are spellable in a byte-level BPE: every single byte is an id.)"""
+    from gptj_generator.healing import MAX_HEAL_PREFIX_BYTES
+
+    ids = ids_of(tokenizer, "def mean(values):")
+    mate = Collector()
+    engine.submit(GenerationRequest(ids, 8), mate)
+    with pytest.raises(BadInput, match="over"):
+        engine.submit(GenerationRequest(ids, 8, heal_prefix=b"x" * (MAX_HEAL_PREFIX_BYTES + 1)), Collector())
+    assert mate.wait().error is None and mate.ids, mate.error

@@ -12,6 +12,11 @@ from typing import Sequence
 import numpy as np
 
 from gptj_generator.seam import SamplingParams
+from stage_common.errors import BadInput
+
+# the preprocessing backs off one token (its bytes); a direct caller of codegen_generator may send anything:
+# bounded before any scan of the vocabulary
+MAX_HEAL_PREFIX_BYTES = 256
 
 
 class AllowedIds:
@@ -35,7 +40,10 @@ class Healing:
     """One request's constraint: `active` while bytes are left to spell; `advance` with each chosen id."""
 
     def __init__(self, allowed_ids: AllowedIds, prefix: bytes):
+        if len(prefix) > MAX_HEAL_PREFIX_BYTES:
+            raise BadInput(f"heal_prefix is {len(prefix)} bytes, over {MAX_HEAL_PREFIX_BYTES}")
         self._allowed_ids, self.remaining = allowed_ids, prefix
+        self.allowed()  # at submit: a prefix no id spells is this request's error, not the engine loop's
 
     @property
     def active(self) -> bool:
@@ -44,7 +52,7 @@ class Healing:
     def allowed(self) -> np.ndarray:
         ids = self._allowed_ids(self.remaining)
         if not len(ids):  # no id spells it (cannot happen for a prefix cut from the prompt's own ids)
-            raise ValueError(f"no token starts with the healed prefix {self.remaining!r}")
+            raise BadInput(f"no token of this model starts with heal_prefix {self.remaining[:32]!r}")
         return ids
 
     def advance(self, token: int) -> None:
