@@ -44,6 +44,7 @@ class KillResult:
     streak_at: float | None  # the last answer of that streak
     how: str  # "healed" (the supervisor reloaded the generator) or "server restarted" (Triton aborted)
     heal_s: float | None  # the generator's own heal (or the server's restart), from the supervisor's events
+    refusals: list  # (time, error) of each fresh round that failed before serving again
 
     @property
     def serving_s(self) -> float | None:
@@ -68,15 +69,18 @@ def fresh_round(url: str) -> None:
         client.close()
 
 
-def serving_again(url: str, limit_s: float, in_a_row: int = IN_A_ROW) -> tuple[float | None, float | None]:
+def serving_again(url: str, limit_s: float, in_a_row: int = IN_A_ROW,
+                  refusals: list | None = None) -> tuple[float | None, float | None]:
     """(first answer, last answer) of the first `in_a_row` fresh rounds answered in a row, polling for at most
-    `limit_s`; (None, None) if that never happened."""
+    `limit_s`; (None, None) if that never happened. `refusals` gets (time, error) of each failed round."""
     deadline = time.time() + limit_s
     streak: list[float] = []
     while time.time() < deadline:
         try:
             fresh_round(url)
-        except (InferenceServerException, Exception):  # noqa: BLE001 - not serving yet: start the streak again
+        except (InferenceServerException, Exception) as exc:  # noqa: BLE001 - not serving yet: start the streak again
+            if refusals is not None:
+                refusals.append((time.time(), str(exc)[:160]))
             streak = []
             time.sleep(0.2)
             continue
@@ -86,17 +90,30 @@ def serving_again(url: str, limit_s: float, in_a_row: int = IN_A_ROW) -> tuple[f
     return None, None
 
 
+def wait_serving(kept, limit_s: float = 180.0) -> None:
+    """Until the server `kept` runs (a keeper's restart may be under way) and answers a fresh round."""
+    deadline = time.time() + limit_s
+    while time.time() < deadline:
+        if kept.server.process is not None and serving_again(kept.server.grpc_url, 10.0, in_a_row=1)[0]:
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"the server did not serve codegen in {limit_s:.0f} s")
+
+
 def kill_generator(kept, limit_s: float) -> KillResult:
-    """SIGKILL the generator's stub of the server `kept` (a SupervisedServer) runs; time serving again."""
+    """SIGKILL the generator's stub of the server `kept` (a SupervisedServer) runs, once it serves; time
+    serving again."""
+    wait_serving(kept)
     server = kept.server
     restarts_before = len(kept.restarts)
     killed_at = time.time()
     kill_stub(server.process.pid, GENERATOR)
-    served_at, streak_at = serving_again(server.grpc_url, limit_s)
+    refusals: list = []
+    served_at, streak_at = serving_again(server.grpc_url, limit_s, refusals=refusals)
     healed = next((t for t, e, m in kept.events if e == "healed" and m == GENERATOR and t > killed_at), None)
     restarted = next((r.ready_at for r in kept.restarts[restarts_before:] if r.ready_at), None)
     how, at = ("server restarted", restarted) if restarted else ("healed", healed)
-    return KillResult(killed_at, served_at, streak_at, how, None if at is None else at - killed_at)
+    return KillResult(killed_at, served_at, streak_at, how, None if at is None else at - killed_at, refusals)
 
 
 def codegen_load(url: str, timeout_s: float = 60.0) -> list[Load]:
@@ -112,6 +129,7 @@ def supervised_codegen_server(folder: Path, engine: str | None = None):
     from launcher.processes import free_port
     from launcher.server_keeper import SupervisedServer
     from launcher.triton_server import MODEL_REPOSITORY, TritonServer
+    from supervisor.state import STATE_FILE_VARIABLE
     from supervisor.canaries import default_canaries
     from supervisor.monitor import Supervisor
 
@@ -120,11 +138,12 @@ def supervised_codegen_server(folder: Path, engine: str | None = None):
         from codegen_engines import repository_with_engine
 
         repository = repository_with_engine(folder / "models", engine)
+    state_file = folder / "supervisor.json"  # as `make triton`, the stubs read it (stage_common/supervisor_view.py)
     server = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                           model_repository=repository, explicit_models=CODEGEN_MODELS,
-                          log_file=folder / "tritonserver.log")
+                          log_file=folder / "tritonserver.log", env={STATE_FILE_VARIABLE: str(state_file)})
     return SupervisedServer(server, lambda s: Supervisor(
-        lambda: s.process and s.process.pid, s.grpc_url, folder / "supervisor.json",
+        lambda: s.process and s.process.pid, s.grpc_url, state_file,
         canaries=default_canaries(s.grpc_url), canary_period_s=10.0, metrics_url=s.metrics_url),
         RestartPolicy(max_restarts=10, window_s=600))
 
@@ -150,7 +169,9 @@ def main() -> int:
             results.append(result)
             heal = f"{result.heal_s:.2f}s" if result.heal_s is not None else "-"
             serving = f"{result.serving_s:.2f}s" if result.serving_s is not None else f"NOT in {args.limit_s:.0f}s"
-            print(f"kill {i + 1}: kill -> serving {serving} ({result.how} after {heal})", flush=True)
+            print(f"kill {i + 1}: kill -> serving {serving} ({result.how} after {heal}); fresh rounds refused "
+                  f"{len(result.refusals)}" + "".join(f"\n    +{t - result.killed_at:.2f}s {error}"
+                                                     for t, error in result.refusals[-3:]), flush=True)
             time.sleep(args.settle_s)
     finally:
         for load in loads:

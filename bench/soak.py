@@ -34,6 +34,7 @@ from launcher.triton_server import TritonServer, shipped_models  # noqa: E402
 from supervisor.canaries import default_canaries  # noqa: E402
 from supervisor.faults import kill_stub  # noqa: E402
 from supervisor.monitor import Supervisor  # noqa: E402
+from supervisor.state import STATE_FILE_VARIABLE  # noqa: E402
 
 PIPELINES = ["text_embedding", "ner", "food_captioning", "codegen", "codegen_stream"]
 # networks (ONNX Runtime) and numpy/tokenizer stages in turn, the decoupled generator among them (its kill
@@ -119,13 +120,15 @@ def main() -> int:
     args.log_dir.mkdir(parents=True, exist_ok=True)
 
     server_kills = args.server_kills if args.server_kills is not None else (2 if args.seconds >= 600 else 1)
+    state_file = args.log_dir / "supervisor.json"  # as `make triton`: the codegen fronts read it too
     server = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          explicit_models=shipped_models(), log_file=args.log_dir / "tritonserver.log")
+                          explicit_models=shipped_models(), log_file=args.log_dir / "tritonserver.log",
+                          env={STATE_FILE_VARIABLE: str(state_file)})
     print(f"soak: starting Triton with {len(shipped_models())} models (log {server.log_file})", flush=True)
     # as `make triton` runs it: the hung-stub canary too (a false alarm under this load would fail requests),
     # a new supervisor per server life, the server restarted when it dies
     kept = SupervisedServer(server, lambda s: Supervisor(lambda: s.process and s.process.pid, s.grpc_url,
-                                                         args.log_dir / "supervisor.json",
+                                                         state_file,
                                                          canaries=default_canaries(s.grpc_url), canary_period_s=10.0,
                                                          metrics_url=s.metrics_url),
                             RestartPolicy(max_restarts=5, window_s=120)).start(timeout=600)

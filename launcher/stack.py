@@ -24,6 +24,7 @@ from launcher.server_keeper import ServerKeeper
 from launcher.triton_server import TritonServer, shipped_models
 from supervisor.canaries import default_canaries
 from supervisor.monitor import Supervisor, admin_headers
+from supervisor.state import STATE_FILE_VARIABLE
 
 
 def arguments() -> argparse.Namespace:
@@ -82,7 +83,7 @@ def main() -> int:
     logging.basicConfig(format="%(asctime)s %(message)s", level=logging.INFO)  # the supervisor's events
 
     state_file = data_dir / "run" / "supervisor.json"  # the supervisor writes it, the gateway's /health reads it
-    os.environ["SUPERVISOR_STATE_FILE"] = str(state_file)
+    os.environ[STATE_FILE_VARIABLE] = str(state_file)  # Triton's stubs inherit it too (the codegen fronts)
     # Triton's inference ports stay on loopback (only the gateway, with its keys, faces HOST) unless
     # TRITON_HOST opts in to direct access; its metrics follow HOST for scrapers (docs/security.md)
     bind = triton_host()

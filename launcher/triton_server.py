@@ -65,8 +65,9 @@ class TritonServer(Service):
                  model_repository=MODEL_REPOSITORY, explicit_models: list[str] | None = None,
                  log_file: Path | None = None, extra_args: list[str] | None = None,
                  extra_repositories: list[Path] | None = None, metrics_host: str | None = None,
-                 traces_url: str | None = None):
+                 traces_url: str | None = None, env: dict[str, str] | None = None):
         self.host, self.http_port, self.grpc_port, self.metrics_port = host, http_port, grpc_port, metrics_port
+        self.env = dict(env or {})  # more environment for the server and its stubs (e.g. SUPERVISOR_STATE_FILE)
         self.traces_url = traces_url  # OTLP/HTTP: Triton traces the requests that carry a W3C context
         self.metrics_host = metrics_host or host  # metrics are read-only: scrapers may reach them off loopback
         self.model_repository = Path(model_repository)
@@ -129,7 +130,7 @@ class TritonServer(Service):
             repository.mkdir(parents=True, exist_ok=True)
         if self.log_file:
             Path(self.log_file).parent.mkdir(parents=True, exist_ok=True)
-        env = server_env()
+        env = {**server_env(), **self.env}
         if self.traces_url:  # the stages' own spans (stage_common/tracing.py) go where Triton's go
             env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = self.traces_url
         self.process = spawn(self.command(), self.log_file, append=append_log, env=env)

@@ -133,8 +133,9 @@ class UnaryCanary(_Canary):
             raise RuntimeError(f"{self.model}'s answer has no finish_reason")
 
     def refused(self, client, timeout_s: float) -> None:
-        # an id outside the vocabulary: refused by the generator's check before any row (INVALID_ARGUMENT)
-        client.infer(self.model, _collect_inputs([999_999], 1), client_timeout=timeout_s, headers=self.headers)
+        # an empty prompt: refused by the front itself, before any generator call (INVALID_ARGUMENT), so that
+        # the answer tells about the front alone, not about a generator busy or just healed (issue 48)
+        client.infer(self.model, _collect_inputs([1], 0), client_timeout=timeout_s, headers=self.headers)
 
 
 def default_canaries(grpc_url: str, admin_headers: dict[str, str] | None = None,

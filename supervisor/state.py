@@ -8,6 +8,10 @@ import os
 import time
 from pathlib import Path
 
+# names the file for Triton and its stubs (the BLS fronts read it: backends/stage_common/supervisor_view.py) and
+# for the gateway's /health
+STATE_FILE_VARIABLE = "SUPERVISOR_STATE_FILE"
+
 
 def write_state(path: Path, unhealthy: dict[str, str]) -> None:
     path = Path(path)

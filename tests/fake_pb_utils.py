@@ -56,8 +56,9 @@ class InferenceRequest:
 
     def __init__(self, inputs: dict[str, np.ndarray] | list[Tensor] | None = None, request_id: str = "",
                  model_name: str = "", requested_output_names=None, trace: "InferenceTrace | None" = None,
-                 parameters: dict | str | None = None, **_):
+                 parameters: dict | str | None = None, timeout: int = 0, **_):
         self.passed_trace = trace  # a BLS call's `trace=` (the calling request's trace())
+        self._timeout = timeout  # microseconds, 0: none (Triton's `timeout` request parameter)
         # request parameters: Triton hands a model their JSON (a BLS call passes a dict)
         self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters or {})
         self._trace = InferenceTrace()
@@ -78,6 +79,9 @@ class InferenceRequest:
 
     def request_id(self) -> str:
         return self._request_id
+
+    def timeout(self) -> int:
+        return self._timeout
 
     def trace(self) -> "InferenceTrace":
         return self._trace

@@ -12,7 +12,7 @@ import pytest
 import fake_pb_utils as pb
 from codegen_common.generation_params import GenerationParams
 from model_configs import load_python_model
-from stage_common.bls_deadline import CallLost, CallTimedOut, call_with_deadline
+from stage_common.bls_deadline import CallLost, CallTimedOut, RequestDeadline, call_with_deadline, request_deadline_s
 from stage_common.errors import Overloaded
 
 WAIT = 60
@@ -189,14 +189,21 @@ def test_a_row_the_generator_refuses_fails_with_the_generators_own_error(collect
     assert (response.error().message(), response.error().code()) == (refusal.message(), pb.TritonError.INVALID_ARG)
 
 
-def test_a_collect_row_past_its_deadline_fails_with_unavailable(collect, monkeypatch):
-    generator = FakeGenerator(alive=True)  # alive but never answering: a hang
+def _answer(collect, monkeypatch, generator, request=None, **client_settings):
+    """codegen_collect's one response to `request` (one row) against `generator`, its client set as given."""
     monkeypatch.setattr(pb, "bls_handler", generator)
-    collect.generator.timeout_s = 0.5
-    request = _collect_request(rows=1)
+    for name, value in client_settings.items():
+        setattr(collect.generator, name, value)
+    request = request or _collect_request(rows=1)
     collect.execute([request])
     assert request.sender.answered.wait(WAIT)
     ((response, _),) = request.sender.sent
+    return response
+
+
+def test_a_collect_row_past_its_deadline_fails_with_unavailable(collect, monkeypatch):
+    generator = FakeGenerator(alive=True)  # alive but never answering: a hang
+    response = _answer(collect, monkeypatch, generator, timeout_s=0.5)
     assert response.error().code() == pb.TritonError.UNAVAILABLE and "no answer in 0.5 s" in response.error().message()
     generator.release.set()
 
@@ -227,3 +234,151 @@ def test_the_calls_lost_with_a_dead_generator_count_as_stuck_until_they_return(c
     while collect.generator.stuck.count and time.monotonic() < deadline:
         time.sleep(0.01)
     assert collect.generator.stuck.count == 0
+
+
+# ---- issue 48: the generator acknowledges a call at once; the request's own timeout bounds the wait ----------
+
+def test_a_call_not_acknowledged_in_time_fails_within_seconds_not_at_its_deadline():
+    never, first = threading.Event(), threading.Event()
+    started = time.monotonic()
+    with pytest.raises(CallTimedOut, match="did not take the request") as info:
+        call_with_deadline(never.wait, "callee", 600, probe=lambda: True, probe_every_s=0.05, first=first,
+                           first_deadline_s=0.3)
+    assert isinstance(info.value, Overloaded) and time.monotonic() - started < WAIT
+    never.set()
+
+
+def test_an_acknowledged_call_is_waited_for_past_the_acknowledgement_deadline():
+    first = threading.Event()
+
+    def acknowledged_then_slow():
+        first.set()
+        time.sleep(0.6)
+        return "done"
+
+    assert call_with_deadline(acknowledged_then_slow, "callee", 30, probe=lambda: True, probe_every_s=0.05,
+                              first=first, first_deadline_s=0.2) == "done"
+
+
+def test_a_request_deadline_is_the_clients_timeout_when_shorter_than_the_fronts_longest_wait():
+    assert request_deadline_s(0, 600) == 600  # no client timeout
+    assert request_deadline_s(2_500_000, 600) == 2.5
+    assert request_deadline_s(900_000_000, 600) == 600
+    deadline = RequestDeadline(300_000, 600)
+    assert 0 < deadline.left_s() <= 0.3
+
+
+def test_the_generator_acknowledges_a_generation_and_a_fetch_it_was_asked_to_at_once():
+    model = load_python_model("codegen_generator")
+    ack = {"ack": np.array([[True]])}
+    try:
+        first = _pull([11, 12], 3, "acked")
+        first._inputs.update({k: pb.Tensor(k, v) for k, v in ack.items()})
+        model.execute([first])
+        assert first.sender.answered.wait(WAIT)
+        (ack_response, ack_flags), (chunk, chunk_flags) = first.sender.sent
+        assert ack_flags == 0 and not ack_response.has_error() and ack_response.output_tensors() == []
+        assert chunk_flags == pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL and chunk.output("output_ids").size
+        fetch = pb.InferenceRequest({"fetch": np.array([[True]]), **ack}, request_id="acked")
+        model.execute([fetch])
+        assert fetch.sender.answered.wait(WAIT)
+        assert fetch.sender.sent[0][1] == 0 and fetch.sender.sent[0][0].output_tensors() == []
+        unasked = _pull([11, 12], 2, "plain")
+        model.execute([unasked])
+        assert unasked.sender.answered.wait(WAIT)
+        assert all(response.output_tensors() for response, _ in unasked.sender.sent), "no ack unless asked"
+    finally:
+        model.finalize()
+
+
+class AcknowledgingGenerator(FakeGenerator):
+    """Acknowledges each generation call at once (its first response), then answers (or never does, if its
+    stub died: `release` unset) on its own: the front's wait no longer blocks in exec."""
+
+    def __call__(self, request, decoupled):
+        inputs = {t.name(): t.as_numpy() for t in request.inputs()}
+        if "probe" in inputs:
+            return super().__call__(request, decoupled)
+        assert inputs.get("ack") is not None and inputs["ack"].reshape(-1)[0], "the front asks for the ack"
+        self.calls.append(request.request_id())
+        release = self.release
+
+        def responses():
+            yield pb.InferenceResponse([])
+            release.wait()
+            yield pb.InferenceResponse([pb.Tensor("output_ids", np.array([[5, 6]], np.int32)),
+                                        pb.Tensor("finish_reason", np.array([[b"length"]], np.object_)),
+                                        pb.Tensor("completion_tokens", np.array([[2]], np.int32))])
+        return responses()
+
+
+def test_a_collect_row_reads_past_the_generators_acknowledgement(collect, monkeypatch):
+    generator = AcknowledgingGenerator(alive=True)
+    monkeypatch.setattr(pb, "bls_handler", generator)
+    collect.generator.first_timeout_s = 0.2
+    request = _collect_request(rows=2)
+    collect.execute([request])
+    time.sleep(0.5)  # past the acknowledgement's deadline: acknowledged, so still waited for
+    assert not request.sender.answered.is_set()
+    generator.release.set()
+    assert request.sender.answered.wait(WAIT)
+    ((response, _),) = request.sender.sent
+    assert not response.has_error() and response.output("output_ids").tolist() == [[5, 6], [5, 6]]
+
+
+def test_a_collect_row_the_generator_never_acknowledges_fails_within_the_acknowledgement_deadline(collect, monkeypatch):
+    generator = FakeGenerator(alive=True)  # holds the call (probes say so) but never answers it: no ack either
+    response = _answer(collect, monkeypatch, generator, first_timeout_s=0.3)
+    assert response.error().code() == pb.TritonError.UNAVAILABLE
+    assert "did not take the request" in response.error().message()
+    generator.release.set()
+
+
+def test_a_collect_row_waits_no_longer_than_its_clients_timeout(collect, monkeypatch):
+    generator = AcknowledgingGenerator(alive=True)  # acknowledged, then slow
+    request = _collect_request(rows=1)
+    request._timeout = 400_000  # the client's own timeout: 0.4 s (generator_timeout_s stays 600)
+    started = time.monotonic()
+    response = _answer(collect, monkeypatch, generator, request)
+    assert response.error().code() == pb.TritonError.UNAVAILABLE and "no answer in 0.4 s" in response.error().message()
+    assert time.monotonic() - started < WAIT and collect.generator.timeout_s == 600
+    generator.release.set()
+
+
+@pytest.mark.parametrize("lengths", [[0], [4], [3, 3]])
+def test_collect_refuses_rows_that_do_not_agree_itself_before_any_generator_call(collect, monkeypatch, lengths):
+    calls = []
+    monkeypatch.setattr(pb, "bls_handler", lambda request, decoupled: calls.append(request) or iter([]))
+    request = _collect_request(rows=1)
+    request._inputs["input_lengths"] = pb.Tensor("input_lengths", np.array([[n] for n in lengths], np.int32))
+    collect.execute([request])
+    assert request.sender.answered.wait(WAIT)
+    ((response, _),) = request.sender.sent
+    assert response.error().code() == pb.TritonError.INVALID_ARG and calls == []
+
+
+def test_acknowledged_calls_lost_with_a_dead_generator_hold_no_triton_thread_so_are_not_counted_stuck(collect,
+                                                                                                    monkeypatch):
+    """Triton's pool thread waits only for a call's first response: after the ack, a lost call keeps just its
+    own thread in the stub, which the supervisor's replacement rule need not count (issue 48)."""
+    generator = AcknowledgingGenerator()  # acknowledges, then its stub "dies": probes say the call is lost
+    monkeypatch.setattr(pb, "bls_handler", generator)
+    requests = [_collect_request(rows=1) for _ in range(3)]
+    collect.execute(requests)
+    for request in requests:
+        assert request.sender.answered.wait(WAIT)
+        ((response, _),) = request.sender.sent
+        assert response.error().code() == pb.TritonError.UNAVAILABLE and "lost the request" in response.error().message()
+    assert collect.generator.stuck.count == 0
+    generator.release.set()
+
+
+def test_a_call_never_acknowledged_that_the_callee_does_not_hold_fails_without_the_grace_period():
+    """Nothing of a call the callee never took can be on its way (a call sent to a stub that had just died)."""
+    never, first, probes = threading.Event(), threading.Event(), []
+    started = time.monotonic()
+    with pytest.raises(CallLost, match="lost the request"):
+        call_with_deadline(never.wait, "callee", 600, probe=lambda: probes.append(time.monotonic()) or False,
+                           probe_every_s=30, grace_s=30, first=first, first_deadline_s=60, first_probe_every_s=0.1)
+    assert time.monotonic() - started < 15, "probed soon and failed without the 30 s grace"
+    never.set()

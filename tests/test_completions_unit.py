@@ -278,8 +278,14 @@ def test_closing_the_stream_early_cancels_every_sequence():
     ("the prompt has 2000 tokens, but with max_tokens=16 the context window of 1024 tokens leaves room for at most 1008",
      errors.BadRequest),
     ("internal error (id 0123456789ab, see the server log)", errors.Internal),
-    ("Stub process 'codegen_stream_0' is not healthy.", errors.Internal),
+    ("Stub process 'codegen_stream_0' is not healthy.", errors.Unavailable),  # restarted by the supervisor
     ("codegen is over capacity: 64 requests in flight, retry later", errors.Unavailable),
+    # the fronts' UNAVAILABLE refusals, which a gRPC stream carries without their status (issue 48)
+    ("codegen_generator lost the request (its process was restarted): retry", errors.Unavailable),
+    ("codegen_generator gave no answer in 10 s (it did not take the request): retry", errors.Unavailable),
+    ("the generator's process died; it is being restarted: retry", errors.Unavailable),
+    ("the generator has 64 requests waiting for a row, its limit (max_pending_requests=64): retry later",
+     errors.Unavailable),
     ("Request for unknown model: 'codegen_stream' is not found", errors.NotFound),
 ])
 def test_stream_errors_are_classified_by_message(message, kind):

@@ -29,6 +29,14 @@ def test_infer_request_matches_tritonclient_inputs():
     assert np.array_equal(np.frombuffer(request.raw_input_contents[1], dtype=np.int64), np.arange(6))
 
 
+def test_the_gateways_wait_goes_to_triton_as_the_requests_timeout():
+    """The BLS fronts bound their generator calls by it (issue 48); none when the gateway gives none."""
+    inputs = {"text": string_rows(["a"])}
+    assert "timeout" not in infer_request("text_embedding", inputs, ["embedding"]).parameters
+    request = infer_request("codegen", inputs, ["text_output"], timeout_s=2.5)
+    assert request.parameters["timeout"].int64_param == 2_500_000
+
+
 def test_response_arrays_decodes_numeric_and_bytes_outputs():
     vectors = np.random.default_rng(0).standard_normal((3, 384)).astype(np.float32)
     response = service_pb2.ModelInferResponse(model_name="m")

@@ -10,6 +10,8 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from codegen_common.bls_client import GeneratorClient, generator_error  # noqa: E402
 from codegen_common.generation_params import GenerationParams  # noqa: E402
+from codegen_common.request_checks import check_rows  # noqa: E402
+from stage_common.bls_deadline import RequestDeadline  # noqa: E402
 from stage_common.bls_iterators import IteratorRelease  # noqa: E402
 from stage_common.bounded_workers import BoundedWorkers  # noqa: E402
 from stage_common.in_flight_metric import in_flight_gauge  # noqa: E402
@@ -59,27 +61,31 @@ class TritonPythonModel:
     def _answer(self, request):
         ids, lengths = input_array(request, "input_ids"), input_array(request, "input_lengths").reshape(-1)
         params = [GenerationParams.from_json(v) for v in input_array(request, "generation_params").reshape(-1)]
+        check_rows(ids.shape, lengths, len(params))  # here, before any generator call (the canary's liveness)
         iterators = []  # every row's, filled by _row
         # the generator's span joins this request's trace through a parameter (a decoupled BLS call given
         # trace= crashes Triton 2.51: stage_common/tracing.py)
         traceparent = request_traceparent(request.trace())
+        deadline = self.generator.deadline(request)  # the client's timeout, if it set one
         try:
             rows = [self.row_workers.submit(self._row, ids[i, :lengths[i]], params[i], uuid.uuid4().hex, iterators,
-                                            traceparent) for i in range(len(params))]
+                                            traceparent, deadline) for i in range(len(params))]
             wait(rows)  # all of them, even after a failed one: their iterators must be finished to be released
             results = [row.result() for row in rows]
         finally:
             self.release.after_cleanup(request, iterators)
         return self._response(results, lengths)
 
-    def _row(self, ids: np.ndarray, params: GenerationParams, key: str, iterators: list, traceparent: str | None):
+    def _row(self, ids: np.ndarray, params: GenerationParams, key: str, iterators: list, traceparent: str | None,
+             deadline: RequestDeadline):
         inputs = [pb_utils.Tensor("input_ids", ids[None, :].astype(np.int32)),
                   pb_utils.Tensor("input_lengths", np.array([[ids.shape[0]]], np.int32)),
                   pb_utils.Tensor("streaming", np.array([[False]]))]
         inputs += [pb_utils.Tensor(name, array) for name, array in params.generator_arrays().items()]
-        # read to the end even after an error (only a finished iterator is cleaned up), within a deadline,
-        # failing at once if the generator no longer holds the row (its stub died: issue 35)
-        responses = self.generator.call(key, inputs, iterators, traceparent=traceparent)
+        # read to the end even after an error (only a finished iterator is cleaned up), within the request's
+        # deadline, failing at once if the generator no longer holds the row (its stub died: issue 35) or did
+        # not take it (issue 48)
+        responses = self.generator.call(key, inputs, iterators, traceparent=traceparent, timeout_s=deadline.left_s())
         chunks, reason, count, error = [], "", 0, None
         for response in responses:
             if response.has_error():

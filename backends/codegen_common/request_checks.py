@@ -41,3 +41,15 @@ def check_stop_words(stop_words: Sequence[str], max_count: int, max_chars: int) 
     for word in stop_words:
         check_limit(len(word), max_chars, f"the length of stop word {word[:20]!r}... (characters)",
                     "max_stop_word_chars")
+
+
+def check_rows(ids_shape: tuple, lengths: Sequence[int], params_rows: int) -> None:
+    """codegen_collect's rows agree: input_ids [rows, width], one input_lengths and one generation_params per
+    row, each length in 1..width (checked by the front itself, before any generator call)."""
+    if len(ids_shape) != 2 or not ids_shape[0] == len(lengths) == params_rows:
+        raise BadInput(f"input_ids {list(ids_shape)}, input_lengths ({len(lengths)}) and generation_params "
+                       f"({params_rows}) must have one row per prompt")
+    for row, length in enumerate(lengths):
+        if not 1 <= int(length) <= ids_shape[1]:
+            raise BadInput(f"input_lengths[{row}] = {int(length)} does not fit input_ids of {ids_shape[1]} tokens "
+                           "(an empty prompt has nothing to continue)")

@@ -11,7 +11,7 @@ from codegen_common.bls_client import GeneratorClient, generator_error  # noqa: 
 from codegen_common.completion_text import CompletionTexts  # noqa: E402
 from codegen_common.generation_params import GenerationParams  # noqa: E402
 from stage_common.errors import BadInput, StageError, check_finish_reason  # noqa: E402
-from stage_common.bls_deadline import CallLost, CallTimedOut, call_with_deadline  # noqa: E402
+from stage_common.bls_deadline import CallLost, CallTimedOut, RequestDeadline, call_with_deadline  # noqa: E402
 from stage_common.bls_iterators import IteratorRelease  # noqa: E402
 from stage_common.bounded_workers import BoundedWorkers  # noqa: E402
 from stage_common.in_flight_metric import in_flight_gauge  # noqa: E402
@@ -88,9 +88,9 @@ class TritonPythonModel:
                 sender.send(error_response(exc), flags=FINAL)
         return None
 
-    def _call(self, model: str, inputs: list, outputs: list[str], trace):
+    def _call(self, model: str, inputs: list, outputs: list[str], trace, deadline: RequestDeadline):
         call = pb_utils.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=outputs, trace=trace)
-        return _ok(call_with_deadline(call.exec, model, self.preprocess_timeout_s))
+        return _ok(call_with_deadline(call.exec, model, min(self.preprocess_timeout_s, deadline.left_s())))
 
     def _serve(self, request, sender):
         iterators = []  # every decoupled BLS call's responses: released only after the stub's cleanup
@@ -110,13 +110,14 @@ class TritonPythonModel:
     def _stream(self, request, sender, iterators: list):
         """Sends every piece but the last and returns the last response (None: a bare final flag)."""
         key = uuid.uuid4().hex
+        deadline = self.generator.deadline(request)  # the client's timeout, if it set one, bounds every call
         # the preprocessing joins this request's trace when Triton traces it (a BLS call without
         # trace=request.trace() is never traced). The generator's calls do not: a decoupled BLS call given a
         # trace crashes Triton 2.51 in OpenTelemetry mode (measured: Signal 11 in TRITONSERVER_ServerInferAsync;
         # docs/observability.md); the first one carries the trace context as a parameter instead, under which
         # the generator makes a span of its own (stage_common/tracing.py)
         tokens = self._call(self.preprocess, _renamed(request, PREPROCESS_INPUTS),
-                            ["input_ids", "input_lengths", "generation_params"], request.trace())
+                            ["input_ids", "input_lengths", "generation_params"], request.trace(), deadline)
         ids_in = pb_utils.get_output_tensor_by_name(tokens, "input_ids").as_numpy()
         if ids_in.shape[0] != 1:
             raise BadInput(f"codegen_stream takes one prompt per request, got {ids_in.shape[0]} rows")
@@ -134,7 +135,8 @@ class TritonPythonModel:
         traceparent = request_traceparent(request.trace())  # the generation's call only (None for fetches)
         try:
             while True:
-                response = _first(self.generator.call(key, call, iterators, traceparent=traceparent))
+                response = _first(self.generator.call(key, call, iterators, traceparent=traceparent,
+                                                      timeout_s=deadline.left_s()))
                 traceparent = None
                 if request.is_cancelled():
                     self._stop(key, iterators)
@@ -159,7 +161,7 @@ class TritonPythonModel:
                 call = [pb_utils.Tensor("fetch", np.array([[True]]))]
         except (StageError, CallLost):  # the generator ended the stream with this error, or lost it
             raise
-        except Exception:  # e.g. the client disconnected: free its generator row
+        except Exception:  # e.g. the client disconnected, or no answer in time: free its generator row
             self._stop(key, iterators)
             raise
 
@@ -168,7 +170,7 @@ class TritonPythonModel:
         Each call waits at most probe_timeout_s: a generator that does not answer has no row to free."""
         def call(inputs, outputs=None):
             return _first(self.generator.call(key, inputs, iterators, outputs, probe=False,
-                                              timeout_s=self.generator.probe_timeout_s), check=False)
+                                              timeout_s=self.generator.probe_timeout_s, ack=False), check=False)
         try:
             call([pb_utils.Tensor("stop", np.array([[True]]))], [])
             fetch = [pb_utils.Tensor("fetch", np.array([[True]]))]
@@ -176,7 +178,7 @@ class TritonPythonModel:
                 response = call(fetch)
                 if response is None or response.has_error() or _text(response, "finish_reason", output=True):
                     return
-        except CallTimedOut:
+        except (CallTimedOut, CallLost):  # no answer, or no generator (being healed): no row to free
             return
 
     def finalize(self):

@@ -200,7 +200,9 @@ class TritonPythonModel:
                 if scalar_input(request, "stop", False):
                     self._stop(request, sender)
                     continue
+                ack = bool(scalar_input(request, "ack", False))
                 if scalar_input(request, "fetch", False):
+                    self._ack(sender, ack)
                     self.pulled.fetch(request.request_id(), sender)
                     continue
                 if scalar_input(request, "probe", False):
@@ -210,6 +212,7 @@ class TritonPythonModel:
                 if self.tracing is not None:  # a span under the caller's traceparent parameter, if it sent one
                     generation.on_event = self.tracing.sequence(traceparent_of(request.parameters()), generation,
                                                                 self.engine.name, FINISH_REASONS)
+                self._ack(sender, ack)
                 if pull:
                     self._submit_pulled(generation, sender)
                 else:
@@ -220,6 +223,13 @@ class TritonPythonModel:
                 except Exception:  # noqa: BLE001 - the client is gone
                     pass
         return None
+
+    @staticmethod
+    def _ack(sender, asked: bool) -> None:
+        """An empty, non-final response, for a caller that asked (input `ack`): it frees the caller's
+        Triton-side thread, which waits for a BLS call's first response (config.pbtxt, issue 48)."""
+        if asked:
+            sender.send(pb_utils.InferenceResponse([]))
 
     def _submit_pulled(self, generation: GenerationRequest, sender) -> None:
         """The request's own response is its first chunk; its caller fetches the rest (pulled_stream.py)."""

@@ -42,10 +42,15 @@ def _raw_bytes(array: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
-def infer_request(model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> service_pb2.ModelInferRequest:
+def infer_request(model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str],
+                  timeout_s: float | None = None) -> service_pb2.ModelInferRequest:
     """The ModelInfer message built directly (raw_input_contents): the hot path skips tritonclient's
-    InferInput/InferRequestedOutput objects and their copies (py-spy: ~9% of the gateway's CPU under load)."""
+    InferInput/InferRequestedOutput objects and their copies (py-spy: ~9% of the gateway's CPU under load).
+    `timeout_s`, the gateway's own wait, goes along as Triton's `timeout` parameter: the BLS fronts stop
+    waiting for the generator when the gateway does (issue 48)."""
     request = service_pb2.ModelInferRequest(model_name=model)
+    if timeout_s:
+        request.parameters["timeout"].int64_param = timeout_micros(timeout_s)
     for name, array in inputs.items():
         tensor = request.inputs.add()
         tensor.name = name
@@ -59,6 +64,10 @@ def infer_request(model: str, inputs: Mapping[str, np.ndarray], outputs: Sequenc
     for name in outputs:
         request.outputs.add().name = name
     return request
+
+
+def timeout_micros(timeout_s: float) -> int:
+    return max(1, int(timeout_s * 1e6))
 
 
 def response_arrays(response: service_pb2.ModelInferResponse) -> dict[str, np.ndarray]:
@@ -96,7 +105,19 @@ def translate(exc: InferenceServerException, model: str) -> errors.ApiError:
         return errors.UpstreamTimeout(f"model '{model}' did not answer in time", code="timeout")
     if "NOT_FOUND" in status or "unknown model" in message or "is not found" in message:
         return errors.NotFound(f"model '{model}' is not loaded", code="model_not_found")
+    if STUB_DIED in message.lower():
+        return model_restarting(model)
     return errors.internal(exc, f"Triton call to '{model}'")
+
+
+# Triton 2.51's words for a request in flight on (or sent to) a model's Python process that died: the
+# supervisor restarts it within seconds (docs/self-healing.md), so the client may retry
+STUB_DIED = "stub process"
+
+
+def model_restarting(model: str) -> errors.ApiError:
+    return errors.Unavailable(f"model '{model}' is being restarted after a failure; retry later", retry_after=2,
+                              code="model_restarting")
 
 
 # statuses translate() maps to their own causes; any other failure may be the server dying under the call
@@ -113,10 +134,15 @@ def stream_error(message: str, model: str) -> errors.ApiError:
     code. The stages send the client's faults as plain messages, overloads naming capacity, and internal
     faults as 'internal error (id ...)' (details in the server log), so the message tells them apart."""
     lowered = message.lower()
-    if "internal error" in lowered or "stub process" in lowered or "traceback" in lowered:
+    if STUB_DIED in lowered:
+        return model_restarting(model)
+    if "internal error" in lowered or "traceback" in lowered:
         return errors.internal(RuntimeError(message), f"stream from '{model}'")
-    if "over capacity" in lowered or "retry later" in lowered or "exceeds maximum queue size" in lowered:
+    if "over capacity" in lowered or "requests in flight" in lowered or "exceeds maximum queue size" in lowered:
         return errors.Unavailable(f"model '{model}' is over capacity, retry later", code="overloaded")
+    if lowered.rstrip().endswith(("retry", "retry later")):  # the stages' other UNAVAILABLE refusals
+        return errors.Unavailable(f"model '{model}' could not answer now ({message}); retry later", retry_after=2,
+                                  code="unavailable")
     if "unknown model" in lowered or "is not found" in lowered or "not ready" in lowered:
         return errors.NotFound(f"model '{model}' is not loaded", code="model_not_found")
     return errors.BadRequest(message, code="invalid_input")
@@ -161,7 +187,8 @@ class TritonEngine:
         span = spans.start_call("ModelInfer", model)  # None unless this request is traced
         try:
             response = await self.client._client_stub.ModelInfer(
-                infer_request(model, inputs, outputs), timeout=timeout_s or self.request_timeout_s,
+                infer_request(model, inputs, outputs, timeout_s or self.request_timeout_s),
+                timeout=timeout_s or self.request_timeout_s,
                 metadata=spans.grpc_metadata(span))
         except grpc.RpcError as exc:
             failure = await self._failure(get_error_grpc(exc), model)
@@ -182,7 +209,7 @@ class TritonEngine:
         request = _get_inference_request(
             model_name=model, inputs=[infer_input(n, a) for n, a in inputs.items()], model_version="",
             request_id="", outputs=None, sequence_id=0, sequence_start=False, sequence_end=False, priority=0,
-            timeout=None, parameters=None)
+            timeout=timeout_micros(timeout_s or self.request_timeout_s), parameters=None)
         # the aio client refuses reserved parameters: set it on the message (as the sync client does), so a
         # model that ends with a bare FINAL flag still tells us it is done
         request.parameters["triton_enable_empty_final_response"].bool_param = True
