@@ -26,7 +26,7 @@ import tritonclient.grpc as grpcclient  # noqa: E402
 from launcher.processes import free_port  # noqa: E402
 from launcher.triton_server import MODEL_REPOSITORY, TritonServer  # noqa: E402
 from supervisor.codegen_probe import request_inputs, stream_call, tensor  # noqa: E402
-from supervisor.stubs import scan_stub_pids  # noqa: E402
+from supervisor.stubs import cpu_ticks, scan_stub_pids  # noqa: E402
 
 MODELS = ["codegen_generator", "codegen_preprocess", "codegen_collect", "codegen_stream"]
 TWINS = {"codegen_collect": "codegen_collect_noack", "codegen_stream": "codegen_stream_noack"}
@@ -52,14 +52,7 @@ def repository(folder: Path) -> Path:
 
 def cpu_seconds(server_pid: int) -> float:
     """utime + stime of tritonserver and its live stubs."""
-    total = 0.0
-    for pid in [server_pid, *scan_stub_pids(server_pid)]:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / TICKS
-    return total
+    return sum(cpu_ticks(pid) or 0 for pid in [server_pid, *scan_stub_pids(server_pid)]) / TICKS
 
 
 def collect_inputs(ids: np.ndarray) -> list:

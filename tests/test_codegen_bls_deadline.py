@@ -382,3 +382,25 @@ def test_a_call_never_acknowledged_that_the_callee_does_not_hold_fails_without_t
                            probe_every_s=30, grace_s=30, first=first, first_deadline_s=60, first_probe_every_s=0.1)
     assert time.monotonic() - started < 15, "probed soon and failed without the 30 s grace"
     never.set()
+
+
+@pytest.mark.parametrize("params", [b"{", b"[]", b'{"max_tokens": "2"}', b'{"unknown": 1}', b'{"stop": "x"}',
+                                    b'{"temperature": NaN}', b"\xff"])
+def test_collect_refuses_hand_made_generation_params_alone_and_serves_its_batch_mates(collect, monkeypatch, params):
+    """codegen_collect can be called directly: a generation_params row that is not the stages' JSON is the
+    caller's fault (INVALID_ARGUMENT, before any generator call), and the requests beside it are served."""
+    generator = AcknowledgingGenerator(alive=True)
+    generator.release.set()
+    monkeypatch.setattr(pb, "bls_handler", generator)
+    bad, rows_bad, good = _collect_request(rows=1), _collect_request(rows=1), _collect_request(rows=1)
+    bad._inputs["generation_params"] = pb.Tensor("generation_params", np.array([[params]], np.object_))
+    rows_bad._inputs["input_lengths"] = pb.Tensor("input_lengths", np.array([[0]], np.int32))
+    collect.execute([bad, rows_bad, good])
+    for request in (bad, rows_bad, good):
+        assert request.sender.answered.wait(WAIT)
+    for request in (bad, rows_bad):
+        ((response, _),) = request.sender.sent
+        assert response.error().code() == pb.TritonError.INVALID_ARG
+    ((response, _),) = good.sender.sent
+    assert not response.has_error() and response.output("output_ids").tolist() == [[5, 6]]
+    assert len(generator.calls) == 1, "only the good request reached the generator"

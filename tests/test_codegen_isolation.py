@@ -306,3 +306,11 @@ def test_a_row_that_fails_to_detokenize_fails_its_request_alone(tokenizer):
     assert [r.has_error() for r in responses] == [False, True, False]
     assert responses[0].output("text_output").tolist() == [[b"a = 1\n"]]
     assert "internal error (id" in responses[1].error().message()
+
+
+def test_every_generation_parameter_has_a_kind_so_its_json_row_reads_back():
+    """from_json refuses keys it has no kind for: a field added to GenerationParams must get one."""
+    from dataclasses import fields
+
+    from codegen_common.generation_params import FIELD_KINDS
+    assert set(FIELD_KINDS) == {f.name for f in fields(GenerationParams)}

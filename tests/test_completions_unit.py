@@ -295,6 +295,12 @@ def test_stream_errors_are_classified_by_message(message, kind):
         assert error.message == message
 
 
+def test_a_stages_retry_refusal_reads_once_in_the_gateways_words():
+    error = stream_error("codegen_generator lost the request (its process was restarted): retry", "codegen_stream")
+    assert error.message == ("model 'codegen_stream' could not answer now (codegen_generator lost the request "
+                             "(its process was restarted)); retry later")
+
+
 class BurstEngine:
     """Every response of a sequence at once (no pause between them): they queue up before the
     gateway's consumer runs, as when the gateway falls behind the generator."""

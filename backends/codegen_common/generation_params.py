@@ -52,7 +52,18 @@ class GenerationParams:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "GenerationParams":
-        data = json.loads(text)
+        """The stages' JSON row; BadInput (INVALID_ARGUMENT for that request) for anything else: codegen_collect
+        and codegen_postprocess can be called directly with a row made by hand."""
+        try:
+            data = json.loads(text)
+        except (ValueError, TypeError) as e:
+            raise BadInput(f"generation_params is not valid JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise BadInput("generation_params must be a JSON object")
+        if unknown := sorted(set(data) - set(FIELD_KINDS)):
+            raise BadInput(f"generation_params has unknown keys {unknown}; known: {sorted(FIELD_KINDS)}")
+        for key, value in data.items():
+            _check_field(key, value)
         data["stop"] = tuple(data.get("stop", ()))
         return cls(**data)
 
@@ -72,6 +83,27 @@ class GenerationParams:
         if self.heal_prefix:
             arrays["heal_prefix"] = np.array([[self.heal_prefix.encode("utf-8")]], dtype=np.object_)
         return arrays
+
+
+# what each key of the JSON row holds: "int" and "number" as _number reads them, or a Python type
+FIELD_KINDS = {"max_tokens": "int", "temperature": "number", "top_k": "int", "top_p": "number", "seed": "int",
+               "stop": list, "exclude_input": bool, "logprobs": "int", "token_healing": bool, "heal_prefix": str}
+OPTIONAL_FIELDS = ("seed", "logprobs")  # may be null
+
+
+def _check_field(key: str, value) -> None:
+    kind = FIELD_KINDS[key]
+    if value is None and key in OPTIONAL_FIELDS:
+        return
+    if kind in ("int", "number"):
+        try:
+            _number(value, key, integer=kind == "int")
+        except BadInput:
+            raise BadInput(f"generation_params '{key}' must be {'an integer' if kind == 'int' else 'a finite number'}"
+                           f", got {value!r}") from None
+    elif not isinstance(value, kind) or (kind is list and not all(isinstance(w, str) for w in value)):
+        raise BadInput(f"generation_params '{key}' must be {'a list of strings' if kind is list else kind.__name__}"
+                       f", got {value!r}")
 
 
 def _number(value, key: str, integer: bool):

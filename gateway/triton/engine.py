@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import struct
 from dataclasses import dataclass
 from typing import AsyncIterator, Mapping, Sequence
@@ -141,7 +142,8 @@ def stream_error(message: str, model: str) -> errors.ApiError:
     if "over capacity" in lowered or "requests in flight" in lowered or "exceeds maximum queue size" in lowered:
         return errors.Unavailable(f"model '{model}' is over capacity, retry later", code="overloaded")
     if lowered.rstrip().endswith(("retry", "retry later")):  # the stages' other UNAVAILABLE refusals
-        return errors.Unavailable(f"model '{model}' could not answer now ({message}); retry later", retry_after=2,
+        reason = re.sub(r":\s*retry( later)?\s*$", "", message.strip(), flags=re.IGNORECASE)
+        return errors.Unavailable(f"model '{model}' could not answer now ({reason}); retry later", retry_after=2,
                                   code="unavailable")
     if "unknown model" in lowered or "is not found" in lowered or "not ready" in lowered:
         return errors.NotFound(f"model '{model}' is not loaded", code="model_not_found")
