@@ -1,11 +1,13 @@
 """What logprobs and token healing cost the generator (issue 44), per engine, in process (Triton-free): generated
 tokens/s of a batch of requests that ask for nothing, for logprobs=0 (the chosen tokens' logprobs), for logprobs=5
-(five alternatives: on OpenVINO these come from the scorer, a forward per token), and the time to the first token
-of prompts ending in a newline with token healing and without. Rounds are interleaved; medians are printed with
-the load average (this box is shared), and the median of each round's ratio to that round's plain run.
+(five alternatives: on OpenVINO these come from the scorer, a forward per token), the time to the first token of
+prompts ending in a newline with token healing and without, and what logprobs=5 requests cost plain requests
+beside them (the plain ones' own tokens/s; OpenVINO's scorer unbounded, then bounded by max_scored_rows as
+served). Rounds are interleaved; medians are printed with the load average (this box is shared), and the median
+of each round's ratio to that round's plain run.
 
     python bench/bench_logprobs.py [--rounds 3] [--requests 8] [--tokens 64] [--model-dir DIR] [--engines ...]
-                                   [--variants "logprobs=0" ...]
+                                   [--variants "logprobs=0" ...] [--max-scored-rows 1 2 ...]
 """
 from __future__ import annotations
 
@@ -55,17 +57,22 @@ class Sink:
         self.done.set()
 
 
-def run(engine, requests) -> tuple[float, float]:
-    """(generated tokens/s of the batch, median time to first token in ms)."""
+def run(engine, requests, measured: int | None = None) -> tuple[float, float, float]:
+    """(generated tokens/s, median time to first token in ms) of the batch's first `measured` requests (all by
+    default), the rest being their batch-mates, and the batch-mates' tokens/s (0 when there are none)."""
     sinks = [Sink() for _ in requests]
     started = time.perf_counter()
     for request, sink in zip(requests, sinks):
         engine.submit(request, sink)
+    ends = []
     for sink in sinks:
         assert sink.done.wait(600) and sink.error is None, sink.error
-    elapsed = time.perf_counter() - started
-    ttft = statistics.median((s.first_at or time.perf_counter()) - started for s in sinks) * 1000
-    return sum(s.count for s in sinks) / elapsed, ttft
+        ends.append(time.perf_counter())
+    mine, others = sinks[:measured], sinks[len(sinks[:measured]):]
+    elapsed = max(ends[:len(mine)]) - started
+    ttft = statistics.median((s.first_at or time.perf_counter()) - started for s in mine) * 1000
+    others_speed = sum(s.count for s in others) / (max(ends) - started) if others else 0.0
+    return sum(s.count for s in mine) / elapsed, ttft, others_speed
 
 
 def main() -> None:
@@ -76,6 +83,8 @@ def main() -> None:
     parser.add_argument("--model-dir", type=Path, default=ROOT / "model_repository" / "codegen_generator" / "1")
     parser.add_argument("--engines", nargs="+", default=["openvino", "torch"])
     parser.add_argument("--variants", nargs="+", help="a subset of the variants (plain is always run)")
+    parser.add_argument("--max-scored-rows", type=int, nargs="+", default=[1],
+                        help="the bounds of the mixed variants (config.pbtxt's max_scored_rows: 1)")
     args = parser.parse_args()
 
     import torch
@@ -92,6 +101,12 @@ def main() -> None:
         "plain": lambda: [GenerationRequest(i, args.tokens) for i in ids],
         "logprobs=0": lambda: [GenerationRequest(i, args.tokens, logprobs=0) for i in ids],
         "logprobs=5": lambda: [GenerationRequest(i, args.tokens, logprobs=5) for i in ids],
+        # the plain requests' own speed with as many logprobs=5 requests beside them, the scorer unbounded (every
+        # row followed at once) and bounded as served (config.pbtxt's max_scored_rows): what those cost others
+        "plain beside logprobs=5, unbounded": lambda: [GenerationRequest(i, args.tokens) for i in ids]
+        + [GenerationRequest(i, args.tokens, logprobs=5) for i in ids],
+        **{f"plain beside logprobs=5, max_scored_rows={bound}": lambda: [GenerationRequest(i, args.tokens) for i in ids]
+           + [GenerationRequest(i, args.tokens, logprobs=5) for i in ids] for bound in args.max_scored_rows},
         "newline, healing off": lambda: [GenerationRequest(i, args.tokens) for i in healed],
         "newline, healed": lambda: [GenerationRequest(i[:-1], args.tokens, heal_prefix=bytes(
             tokenizer.decode([i[-1]]), "utf-8")) for i in healed],
@@ -99,14 +114,22 @@ def main() -> None:
     if args.variants:
         variants = {name: make for name, make in variants.items() if name == "plain" or name in args.variants}
     for kind in args.engines:
-        engine = load_engine(kind, args.model_dir, max_batch_size=16, max_tokens_limit=512)
+        engine = load_engine(kind, args.model_dir, max_batch_size=2 * args.requests, max_tokens_limit=512)
+
+        def measure(name: str, make) -> tuple[float, float, float]:
+            if "beside" not in name:
+                return run(engine, make())
+            if hasattr(engine, "max_scored_rows"):  # OpenVINO's; torch has no scorer to bound
+                engine.max_scored_rows = int(name.rsplit("=", 1)[1]) if "max_scored_rows" in name else 2 * args.requests
+            return run(engine, make(), measured=args.requests)
+
         try:
-            for make in variants.values():  # warm-up (compiles the OpenVINO scorer too)
-                run(engine, make())
-            results: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
+            for name, make in variants.items():  # warm-up (compiles the OpenVINO scorer too)
+                measure(name, make)
+            results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in variants}
             for _ in range(args.rounds):
                 for name, make in variants.items():
-                    results[name].append(run(engine, make()))
+                    results[name].append(measure(name, make))
             plain = statistics.median(r[0] for r in results["plain"])
             paired = {name: statistics.median(r[0] / p[0] for r, p in zip(rows, results["plain"]))
                       for name, rows in results.items()}
@@ -114,8 +137,11 @@ def main() -> None:
                   f"{args.rounds} rounds, load {os.getloadavg()[0]:.1f}")
             for name, rows in results.items():
                 speed, ttft = statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows)
-                print(f"  {name:22s} {speed:9.1f} tokens/s  (x{speed / plain:.3f} of plain, paired x{paired[name]:.3f})  "
-                      f"TTFT p50 {ttft:7.1f} ms   rounds {[round(r[0]) for r in rows]}")
+                mates = statistics.median(r[2] for r in rows)
+                print(f"  {name:44s} {speed:9.1f} tokens/s  (x{speed / plain:.3f} of plain, "
+                      f"paired x{paired[name]:.3f})  "
+                      f"TTFT p50 {ttft:7.1f} ms   rounds {[round(r[0]) for r in rows]}"
+                      + (f"   the logprobs=5 ones {mates:.1f} tokens/s" if mates else ""))
         finally:
             engine.close()
 

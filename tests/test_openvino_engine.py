@@ -159,5 +159,79 @@ def test_the_generator_model_loads_the_configured_engine(setting, expected):
         model.finalize()
 
 
+@pytest.mark.parametrize("params, expected", [(None, 1), ({"max_scored_rows": "3"}, 3)])
+def test_the_served_generator_takes_max_scored_rows_from_its_config(params, expected):
+    model = load_python_model("codegen_generator", params=params)
+    try:
+        assert model.engine.name == "openvino" and model.engine.max_scored_rows == expected
+    finally:
+        model.finalize()
+
+
 def test_the_generator_on_openvino_never_imports_torch():
     _assert_loads_torch_free("load_python_model('codegen_generator').finalize()")
+
+
+@pytest.fixture
+def gated():
+    """Four rows; the scorer follows one row at most, and prefills one prompt token per turn (so one prompt)."""
+    engine = make_engine("openvino", max_batch_size=4, max_scored_rows=1, prefill_chunk_tokens=1,
+                         cancel_poll_seconds=0)
+    engine.pipe = PipeProxy(engine.pipe)
+    yield engine
+    engine.pipe.gate.set()
+    engine.close()
+
+
+class After(Collector):
+    """Notes whether `other` had ended when this request's first ids came."""
+
+    def __init__(self, other: Collector):
+        super().__init__()
+        self.other, self.started_after_other = other, None
+
+    def send(self, token_ids, logprobs=None):
+        if self.started_after_other is None and token_ids:
+            self.started_after_other = self.other.done.is_set()
+        super().send(token_ids, logprobs)
+
+
+def test_the_scorer_follows_max_scored_rows_and_plain_requests_go_ahead(gated, tokenizer):
+    """Alternatives (logprobs >= 1) cost a scorer forward per id on the loop thread: over the bound a request
+    waits for a scored row to end (without one, 8 such rows slowed their batch-mates to 0.16x: bench_logprobs.py)."""
+    prompt = ids_of(tokenizer, PROMPT)
+    gated.pipe.gate.clear()
+    gated.pipe.stepping.clear()
+    first = Collector()
+    second, plain = After(first), After(first)
+    with gated._wakeup:  # queued together: one turn sees all three
+        gated.submit(GenerationRequest(prompt, 12, logprobs=2), first)
+        gated.submit(GenerationRequest(prompt, 12, logprobs=2), second)
+        gated.submit(GenerationRequest(ids_of(tokenizer, "import os\n"), 12), plain)
+    assert gated.pipe.stepping.wait(WAIT)
+    assert (gated.running, gated.pending) == (2, 1), "the second waits for the scorer, the plain one went ahead"
+    gated.pipe.gate.set()
+    assert first.wait().ids == second.wait().ids == reference(tokenizer, PROMPT, 12)
+    assert plain.wait().ids == reference(tokenizer, "import os\n", 12) and plain.started_after_other is False
+    assert second.started_after_other is True
+    assert first.logprobs == second.logprobs and all(len(lp.top) == 2 for lp in first.logprobs)
+
+
+def test_scorer_prefills_are_spread_over_turns(gated, tokenizer):
+    """Token healing and echo prefill the prompt on the scorer, on the loop thread: past prefill_chunk_tokens in
+    a turn, the next such request waits for the next turn (the batch steps in between), as the pipeline's own
+    prefill is chunked."""
+    healed = ids_of(tokenizer, "def mean(values):\n")
+    prefix = tokenizer.decode([healed[-1]]).encode()
+    gated.pipe.gate.clear()
+    gated.pipe.stepping.clear()
+    sinks = [Collector() for _ in range(3)]
+    with gated._wakeup:
+        for sink in sinks[:2]:
+            gated.submit(GenerationRequest(healed[:-1], 6, heal_prefix=prefix), sink)
+        gated.submit(GenerationRequest(ids_of(tokenizer, PROMPT), 6), sinks[2])
+    assert gated.pipe.stepping.wait(WAIT)
+    assert (gated.running, gated.pending) == (2, 1), "one scorer prefill this turn; the plain request went ahead"
+    gated.pipe.gate.set()
+    assert sinks[0].wait().ids == sinks[1].wait().ids and sinks[0].error is None and len(sinks[0].ids) == 6
+    assert sinks[2].wait().ids == reference(tokenizer, PROMPT, 6)

@@ -87,3 +87,33 @@ def test_nested_admin_body_is_400_and_audited(tmp_path, body):
     lines = [json.loads(line) for line in audit.read_text().splitlines()]
     assert [(line["request_id"], line["key_id"], line["result"], line["target"]) for line in lines] == \
         [("nested-1", "admin-1", 400, None)]
+
+
+def test_audit_line_is_written_before_the_answer_ends(tmp_path):
+    """A client that has its answer finds the line: CI read audit.log right after a 404 and missed the
+    line, which was written only once the answer had left."""
+    from gateway.middleware.audit import Audit, AuditLog
+    from gateway.middleware.policy import RouteTable
+
+    audit_file = tmp_path / "audit.log"
+    seen_at_end = []
+
+    async def inner(scope, receive, send):
+        await receive()
+        await send({"type": "http.response.start", "status": 404, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}", "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def receive():
+        return {"type": "http.request", "body": b'{"model_name": "some/model"}', "more_body": False}
+
+    async def send(message):
+        if message["type"] == "http.response.body":
+            lines = audit_file.read_text().splitlines() if audit_file.exists() else []
+            seen_at_end.append((message.get("more_body", False), len(lines)))
+
+    scope = {"type": "http", "method": "POST", "path": "/unload_model", "headers": []}
+    asyncio.run(Audit(inner, RouteTable(None), AuditLog(audit_file))(scope, receive, send))
+    assert seen_at_end == [(True, 0), (False, 1)]  # not before the answer is known, once before its end
+    [line] = [json.loads(line) for line in audit_file.read_text().splitlines()]
+    assert line["route"] == "POST /unload_model" and line["result"] == 404 and line["target"] == "some/model"

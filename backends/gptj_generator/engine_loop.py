@@ -106,8 +106,7 @@ class EngineLoop:
                 self._wakeup.wait()
             if self._stopping:
                 return None
-            room = self.max_batch_size - self.running
-            admitted = [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
+            admitted = self._take_admissible(self.max_batch_size - self.running)
             keys, self._cancelled_keys = self._cancelled_keys, set()
             if keys:  # waiting ones are dropped too (admission ends them)
                 admitted += [entry for entry in self._pending if entry.key in keys]
@@ -117,6 +116,23 @@ class EngineLoop:
         poll = started - self._polled_at >= self.cancel_poll_seconds
         self._polled_at = started if poll else self._polled_at
         return Turn(admitted, keys, poll, started)
+
+    def _take_admissible(self, room: int) -> list:
+        """Up to `room` waiting requests, oldest first, that `_may_run` lets in this turn; those it holds back keep
+        their place (a later request that needs nothing they wait for goes ahead of them). Under `_wakeup`."""
+        admitted: list = []
+        held: deque = deque()
+        while self._pending and len(admitted) < room:
+            entry = self._pending.popleft()
+            (admitted if self._may_run(entry, admitted) else held).append(entry)
+        held.extend(self._pending)
+        self._pending = held
+        return admitted
+
+    def _may_run(self, entry, admitted: list) -> bool:
+        """Whether a waiting request may take a free row this turn, beside those `admitted` already: an engine
+        bounds here what some requests cost their batch-mates beyond a row (OpenVINO: its scorer's work)."""
+        return True
 
     def _end_turn(self, turn: Turn, taking_part: int) -> None:
         elapsed = time.perf_counter() - turn.started

@@ -34,7 +34,8 @@ def engine_options(config: dict) -> dict:
                 prefill_chunk_tokens=config_param(config, "prefill_chunk_tokens", int, 256),
                 max_stop_words=config_param(config, "max_stop_words", int, 8),
                 max_stop_word_chars=config_param(config, "max_stop_word_chars", int, 64),
-                cancel_poll_seconds=config_param(config, "cancel_poll_seconds", float, 0.0))
+                cancel_poll_seconds=config_param(config, "cancel_poll_seconds", float, 0.0),
+                max_scored_rows=config_param(config, "max_scored_rows", int, 1))
 
 
 def load_torch_engine(model_dir: Path, max_batch_size: int, max_tokens_limit: int, device="cpu", on_progress=None,
@@ -44,6 +45,8 @@ def load_torch_engine(model_dir: Path, max_batch_size: int, max_tokens_limit: in
 
     from gptj_generator.torch_engine import TorchEngine
 
+    # its alternatives come from the logits its batched step has already: no scorer, nothing to bound
+    engine_options.pop("max_scored_rows", None)
     model = GPTJForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device).eval()
     return TorchEngine(model, token_bytes_table(Path(model_dir) / "tokenizer.json"), model.config.eos_token_id,
                        max_batch_size=max_batch_size, max_tokens_limit=max_tokens_limit, device=device,

@@ -59,6 +59,12 @@ def pipeline_properties(threads: int) -> dict:
             "ENABLE_CPU_PINNING": False}  # instances sharing a host must not pin to the same cores
 
 
+def _needs_scorer(delivery: Delivery) -> bool:
+    """Top alternatives, the prompt's logprobs (echo) or token healing: what the pipeline cannot give."""
+    request = delivery.request
+    return bool(request.logprobs or request.prompt_logprobs or delivery.healing is not None)
+
+
 @dataclass(eq=False)
 class _Live:
     """A request in the pipeline: its delivery and the pipeline's handle."""
@@ -74,7 +80,8 @@ class OpenVINOEngine(EngineLoop):
     def __init__(self, ir_dir: Path, token_bytes: Sequence[bytes], max_batch_size: int, max_tokens_limit: int,
                  threads: int = 1, on_progress: Callable[["OpenVINOEngine"], None] | None = None,
                  cancel_poll_seconds: float = 0.1, prefill_chunk_tokens: int = 256, max_pending: int = 256,
-                 max_stop_words: int = 8, max_stop_word_chars: int = 64, kv_cache_gb: int = 0):
+                 max_stop_words: int = 8, max_stop_word_chars: int = 64, kv_cache_gb: int = 0,
+                 max_scored_rows: int = 1):
         import openvino_genai
 
         self._genai = openvino_genai
@@ -89,6 +96,10 @@ class OpenVINOEngine(EngineLoop):
         self.token_bytes = token_bytes
         self.allowed_ids = AllowedIds(token_bytes)  # token healing's constraint
         self.scorer = Scorer(self.ir_dir, pipeline_properties(threads))  # compiled when a request first needs it
+        # the scorer's work runs on the loop thread, between the batch's steps (_may_run): rows that have it follow
+        # every generated id, and prompt tokens it prefills per turn, are bounded as the pipeline's own prefill is
+        self.max_scored_rows = max(1, max_scored_rows)
+        self.prefill_chunk_tokens = max(1, prefill_chunk_tokens)
         self.limits = Limits(self.context_window, self.vocab_size, max_tokens_limit, max_stop_words,
                              max_stop_word_chars, self.max_top_logprobs)
         scheduler = openvino_genai.SchedulerConfig()
@@ -156,6 +167,22 @@ class OpenVINOEngine(EngineLoop):
         for delivery in [live.delivery for live in lives] + waiting:
             delivery.fail(RuntimeError("the generator is shutting down"))
 
+    def _may_run(self, delivery: Delivery, admitted: list[Delivery]) -> bool:
+        """A request that needs the scorer waits while `max_scored_rows` rows have it follow their ids (one
+        unbatched forward per id each: without a bound, 8 such rows slowed their batch-mates to 0.16x,
+        bench_logprobs.py), and while this turn's scorer prefills already reach `prefill_chunk_tokens` (the first
+        always goes: a prompt is at most the context window). Requests that need nothing of it go ahead."""
+        request = delivery.request
+        if not _needs_scorer(delivery):
+            return True
+        if request.logprobs:
+            following = sum(live.session is not None for live in self._running.values())
+            following += sum(bool(d.request.logprobs) for d in admitted)
+            if following >= self.max_scored_rows:
+                return False
+        prefilled = sum(len(d.request.input_ids) for d in admitted if _needs_scorer(d))
+        return prefilled == 0 or prefilled + len(request.input_ids) <= self.prefill_chunk_tokens
+
     def _admit(self, admitted: list[Delivery], keys: set[str], poll: bool) -> None:
         """Each admitted request enters the pipeline, is ended (stopped by key, client gone) or fails alone."""
         for delivery in admitted:
@@ -185,7 +212,7 @@ class OpenVINOEngine(EngineLoop):
         then scores each id the pipeline chooses) and the ids chosen here."""
         request, healing = delivery.request, delivery.healing
         top = request.logprobs or 0
-        if not (request.prompt_logprobs or top or healing is not None):
+        if not _needs_scorer(delivery):
             return None, []
         session = self.scorer.session()
         session.feed(list(request.input_ids))
