@@ -158,6 +158,24 @@ def test_no_stub_dies_on_its_own_under_codegen_load(supervised):
     assert len(load.outcomes) >= 100 and not load.unexpected(), load.unexpected()[:3]
 
 
+def last_recovery(kept, since: float, restarts_before: int, settle_s: float, bound_s: float):
+    """(unix time, how) of the last recovery after `since`: the generator's heal or the keeper's restart of the
+    server, whichever came last, once `settle_s` passed after it with no restart under way. Triton 2.51 may
+    abort seconds after a stub's heal (the lock_exception of docs/operations.md; CI saw it 5 s after one): the
+    keeper's restart that follows is the recovery that counts then. (None, "") if none within `bound_s`."""
+    while time.time() - since < bound_s:
+        restarts = kept.restarts[restarts_before:]
+        heals = [(t, "stub healed") for t, e, m in list(kept.events)
+                 if e == "healed" and m == "codegen_generator" and t > since]
+        ups = [(r.ready_at, "server restarted") for r in restarts if r.ready_at]
+        under_way = any(r.ready_at is None for r in restarts)
+        last = max(heals + ups, default=None)
+        if last is not None and not under_way and time.time() - last[0] >= settle_s:
+            return last
+        time.sleep(0.1)
+    return None, ""
+
+
 def test_a_killed_generator_stub_ends_in_serving(supervised):
     """kill -9 the decoupled generator's stub under codegen load (unary and streamed). Triton 2.51 either
     keeps running (the supervisor heals the stub) or aborts when the stub held its message-queue mutex
@@ -178,13 +196,7 @@ def test_a_killed_generator_stub_ends_in_serving(supervised):
         restarts_before = len(kept.restarts)
         killed_at = time.time()
         kill_stub(server.process.pid, "codegen_generator")
-        served_at, how = None, None
-        while time.time() - killed_at < 180 and served_at is None:
-            healed = next((t for t, e, m in kept.events if e == "healed" and m == "codegen_generator" and t > killed_at),
-                          None)
-            restarted = next((r.ready_at for r in kept.restarts[restarts_before:] if r.ready_at), None)
-            served_at, how = (healed, "stub healed") if healed else (restarted, "server restarted")
-            time.sleep(0.1)
+        served_at, how = last_recovery(kept, killed_at, restarts_before, settle_s=8.0, bound_s=180.0)
         assert served_at is not None, f"neither healed nor restarted in 180 s; events {kept.events[-5:]}"
         time.sleep(5)
     finally:
