@@ -14,6 +14,7 @@ import queue
 import signal
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -275,7 +276,8 @@ def test_lowering_an_instance_count_is_not_a_death(live):
     assert "codegen_collect" not in supervisor.unhealthy
 
 
-def test_a_generator_killed_under_unary_load_fails_its_requests_at_once_and_codegen_serves_after_the_heal(live):
+def test_a_generator_killed_under_unary_load_fails_its_requests_at_once_and_codegen_serves_after_the_heal(live,
+                                                                                                   request):
     """Item 3: unary requests in flight on a killed generator stub were never answered and held codegen_collect's
     workers: fresh requests hit DEADLINE_EXCEEDED minutes after the heal. Now each in-flight request fails with
     UNAVAILABLE within a few probe intervals, and codegen serves as soon as the generator is back."""
@@ -286,24 +288,46 @@ def test_a_generator_killed_under_unary_load_fails_its_requests_at_once_and_code
     deadline = time.monotonic() + TIMEOUT  # killed once requests wait for the row, however fast the engine runs
     while generator_gauges(server)[1] < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
+    server.note_regions()  # an aborted server cannot be asked which /dev/shm regions it had: stop() needs them
     killed_at = time.time()
     os.kill(newest_stub(server, "codegen_generator"), signal.SIGKILL)
     deadline = time.time() + 60
-    while not events_after(supervisor, killed_at, "healed", "codegen_generator") and time.time() < deadline:
+    while not events_after(supervisor, killed_at, "healed", "codegen_generator") and time.time() < deadline \
+            and server.process.poll() is None:
         time.sleep(0.1)
-    assert events_after(supervisor, killed_at, "healed", "codegen_generator"), supervisor.events[-5:]
+    for _ in range(8):  # Triton 2.51 may abort seconds after the kill (upstream, docs/operations.md)
+        if server.process.poll() is None:
+            server.note_regions()  # the healed stub's too
+        time.sleep(0.25)
+    aborted = server.process.poll() is not None
+    if not aborted:
+        assert events_after(supervisor, killed_at, "healed", "codegen_generator"), supervisor.events[-5:]
     for thread, _ in in_flight:
         thread.join(60)
     assert all(not thread.is_alive() for thread, _ in in_flight), "a request still waits for the dead generator"
     assert time.time() - killed_at < 90
     errors = [out["error"] for _, out in in_flight if "error" in out]
     assert errors, "no request was in flight at the kill"
-    # the front's words for a call its generator lost (stage_common/bls_deadline.py, codegen_common/bls_client.py)
-    lost = ("lost the request", "not healthy", "process died")
-    unexpected = [e.message() for e in errors if not any(words in e.message() for words in lost)]
-    assert not unexpected, (len(errors), unexpected[:3])
+    if aborted:
+        # what `make triton`'s keeper does then (tests/test_fault_injection_server.py covers the keeper itself):
+        # the server is started again, with a supervisor of its own, and must serve
+        assert server.process.returncode == -signal.SIGABRT, f"tritonserver exited {server.process.returncode}"
+        supervisor.stop()
+        server.stop()
+        server.start(timeout=300, append_log=True)
+        supervisor = Supervisor(server.process.pid, server.grpc_url, Path(server.log_file).parent / "after.json",
+                                metrics_url=server.metrics_url).start()
+        request.addfinalizer(supervisor.stop)
+    else:
+        # the front's words for a call its generator lost (stage_common/bls_deadline.py, codegen_common/bls_client.py)
+        lost = ("lost the request", "not healthy", "process died")
+        unexpected = [e.message() for e in errors if not any(words in e.message() for words in lost)]
+        assert not unexpected, (len(errors), unexpected[:3])
     answered_at = time.monotonic()
     result = unary(server.grpc_url, "def f():", 4)
     assert result.as_numpy("finish_reason").reshape(-1)[0].decode() in ("stop", "length")
     assert time.monotonic() - answered_at < 30
+    deadline = time.time() + 30  # a fresh supervisor's first scan
+    while not supervisor.tracker.instances("codegen_generator") and time.time() < deadline:
+        time.sleep(0.2)
     assert supervisor.tracker.instances("codegen_generator") and "codegen" not in supervisor.unhealthy
