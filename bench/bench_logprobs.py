@@ -101,6 +101,7 @@ def main() -> None:
         "plain": lambda: [GenerationRequest(i, args.tokens) for i in ids],
         "logprobs=0": lambda: [GenerationRequest(i, args.tokens, logprobs=0) for i in ids],
         "logprobs=5": lambda: [GenerationRequest(i, args.tokens, logprobs=5) for i in ids],
+        "logprobs=5, unbounded": lambda: [GenerationRequest(i, args.tokens, logprobs=5) for i in ids],
         # the plain requests' own speed with as many logprobs=5 requests beside them, the scorer unbounded (every
         # row followed at once) and bounded as served (config.pbtxt's max_scored_rows): what those cost others
         "plain beside logprobs=5, unbounded": lambda: [GenerationRequest(i, args.tokens) for i in ids]
@@ -116,11 +117,14 @@ def main() -> None:
     for kind in args.engines:
         engine = load_engine(kind, args.model_dir, max_batch_size=2 * args.requests, max_tokens_limit=512)
 
+        served = getattr(engine, "max_scored_rows", None)  # OpenVINO's (config default); torch has no scorer to bound
+
         def measure(name: str, make) -> tuple[float, float, float]:
+            if served is not None:  # every variant under its own bound: the served one unless it names another
+                engine.max_scored_rows = (int(name.rsplit("=", 1)[1]) if "max_scored_rows" in name
+                                          else 2 * args.requests if "unbounded" in name else served)
             if "beside" not in name:
                 return run(engine, make())
-            if hasattr(engine, "max_scored_rows"):  # OpenVINO's; torch has no scorer to bound
-                engine.max_scored_rows = int(name.rsplit("=", 1)[1]) if "max_scored_rows" in name else 2 * args.requests
             return run(engine, make(), measured=args.requests)
 
         try:
