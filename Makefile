@@ -5,8 +5,12 @@ HOST ?= 127.0.0.1
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
+# the codegen failure domain's own Triton (docs/operations.md; TRITON_DOMAINS=one: one server on the ports above)
+CODEGEN_HTTP_PORT ?= 8010
+CODEGEN_GRPC_PORT ?= 8011
+CODEGEN_METRICS_PORT ?= 8012
 TRITON_IMAGE ?= triton-pipelines:latest
-export MODEL_PROFILE HOST HTTP_PORT GRPC_PORT METRICS_PORT
+export MODEL_PROFILE HOST HTTP_PORT GRPC_PORT METRICS_PORT CODEGEN_HTTP_PORT CODEGEN_GRPC_PORT CODEGEN_METRICS_PORT CODEGEN_NICE
 
 .PHONY: setup model train-demo triton test unit bench soak sweep triton-docker clean deploy-check docs fuzz cluster cluster-rolling
 
@@ -21,8 +25,11 @@ model: setup
 train-demo: setup
 	@DEMO_RETRAIN=1 $(PY) build/build_models.py --profile demo
 
-triton: setup model
-	@exec $(PY) -m launcher
+# Serves at once what is built (text_embedding is built first if it is not: about a minute) and builds the
+# demo pipelines that are not behind the running servers, each joining its server when ready (issue 57;
+# launcher/build_behind.py). `make model` is the blocking build of everything.
+triton: setup
+	@exec $(PY) -m launcher --build-behind
 
 # Redis + REPLICAS complete replicas (Triton, supervisor, gateway on CLUSTER_PORT+1+i) + HAProxy on CLUSTER_PORT,
 # in the foreground (Ctrl-C stops everything); CLUSTER_MODELS=a,b: what each replica loads (default: every
@@ -50,10 +57,10 @@ unit: setup
 # Mixed load on every pipeline, bad requests and stub kills under the supervisor; exits non-zero on a missed goal.
 SOAK_S ?= 120
 soak: setup model
-	@$(PY) bench/soak.py --seconds $(SOAK_S) $(SOAK_ARGS)
+	@$(PY) -m bench.soak --seconds $(SOAK_S) $(SOAK_ARGS)
 
 bench: setup model
-	@$(PY) bench/suite.py $(BENCH_ARGS)
+	@$(PY) -m bench.suite $(BENCH_ARGS)
 
 # Published ports bind loopback unless told otherwise (DOCKER_BIND=0.0.0.0: then set TRITON_ADMIN_KEY, docs/operations.md "Exposure").
 # The gateway (8080) and Triton's metrics are published; Triton's HTTP/gRPC stay inside the container
@@ -88,4 +95,4 @@ clean:
 SWEEP_ARGS ?= --docs
 sweep: setup model
 	@bash bench/peers/setup_peers.sh || echo "sweep: a peer did not install: the comparison skips it"
-	@$(PY) bench/sweep.py $(SWEEP_ARGS)
+	@$(PY) -m bench.sweep $(SWEEP_ARGS)

@@ -3,7 +3,7 @@ POST /v1/embeddings (cap 16 MiB at the defaults), against a gateway per BODY_BUF
 in front of the same Triton. Prints each body's status, the MiB it sent before the answer and the seconds
 to it, and the gateway's RSS: idle, peak while the bodies arrive (sampled every 5 ms), and after.
 
-    .venv/bin/python bench/bench_body_memory.py [--budgets 1073741824,46137344] [--bodies 8]
+    .venv/bin/python -m bench.bench_body_memory [--budgets 1073741824,46137344] [--bodies 8]
 """
 from __future__ import annotations
 
@@ -19,13 +19,10 @@ from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT)]
-
-from gateway.middleware.body_budget import DEFAULT_BUDGET  # noqa: E402
-from launcher.gateway_process import GatewayProcess  # noqa: E402
-from launcher.processes import free_port  # noqa: E402
-from launcher.triton_server import TritonServer  # noqa: E402
+from gateway.middleware.body_budget import DEFAULT_BUDGET
+from launcher.gateway_process import GatewayProcess
+from launcher.processes import free_port
+from launcher.triton_server import TritonServer
 
 KEY = "gk-bench-body-0123456789"
 BIG = 400_000_000

@@ -5,20 +5,18 @@ The model is transformers' CLIPConfig() default, openai/clip-vit-base-patch32's 
 512 wide x 12 layers, vision 768 x 12, patch 32, 224 px, projection 512), random weights with a fixed
 seed (no download here), built once into bench-results/. Texts of 12 tokens; images at 224 px.
 
-    python bench/bench_clip.py [--seconds 3] [--threads 2]
+    python -m bench.bench_clip [--seconds 3] [--threads 2]
 As a `make bench` entry (`bench/suite.py --only clip`) it needs no server.
 """
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "backends")]
 
 MODELS: list[str] = []  # in-process only
 MODEL_DIR = ROOT / "bench-results" / "clip-vit-b-32-random"

@@ -4,7 +4,7 @@ each replica loading text_embedding only), plus the 1-replica gateway asked dire
 Per setup: req/s, p50/p95, errors, and what a replica costs: its processes' RSS and CPU share over the
 window, and its start time. Closed loop over HTTP (bench/http_load.py).
 
-    .venv/bin/python bench/bench_cluster.py [--window 30] [--concurrency 32]
+    .venv/bin/python -m bench.bench_cluster [--window 30] [--concurrency 32]
 
 On a shared 2-core box the replicas compete for the same cores (and with whatever else runs): the
 2-replica figure says what the second replica costs here, not what a machine per replica would give.
@@ -19,14 +19,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+import psutil
 
-import psutil  # noqa: E402
-
-from http_load import run_http_load  # noqa: E402
-from launcher.cluster.stand import Cluster, free_cluster_port  # noqa: E402
-from launcher.processes import process_tree  # noqa: E402
+from bench.http_load import run_http_load
+from launcher.cluster.stand import Cluster, free_cluster_port
+from supervisor.processes import process_tree
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 

@@ -23,7 +23,6 @@ import hashlib
 import itertools
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import threading
@@ -31,11 +30,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-import numpy as np
+import psutil
 import tritonclient.grpc as grpcclient
-from generate import request_inputs
-from perf import run_load
 
+from bench import load, stats
+from bench.perf import run_load
+from client.generate import request_inputs
 from launcher.processes import free_port
 from launcher.triton_server import TritonServer
 
@@ -59,7 +59,7 @@ def metrics_url(ctx) -> str:
     host = ctx.grpc_url.rsplit(":", 1)[0]
     port = "8002"
     if ctx.server_pid is not None:
-        args = Path(f"/proc/{ctx.server_pid}/cmdline").read_bytes().decode().split("\0")
+        args = psutil.Process(ctx.server_pid).cmdline()
         port = next((a.split("=", 1)[1] for a in args if a.startswith("--metrics-port=")), port)
     return f"http://{host}:{port}/metrics"
 
@@ -81,8 +81,8 @@ def execution_compute_us(url: str, models: list[str]) -> dict[str, float]:
     client = grpcclient.InferenceServerClient(url)
     out = {}
     for model in models:
-        stats = client.get_inference_statistics(model).model_stats[0]
-        out[model] = sum(b.compute_infer.ns for b in stats.batch_stats) / 1e3
+        found = client.get_inference_statistics(model).model_stats[0]
+        out[model] = sum(b.compute_infer.ns for b in found.batch_stats) / 1e3
     return out
 
 
@@ -98,14 +98,12 @@ def window_for(ctx, max_tokens: int, concurrency: int, step_seconds: float) -> f
 
 
 def time_to_first_token(url: str, max_tokens: int, concurrency: int, prompts: list[str] = PROMPTS) -> list[float]:
-    """`concurrency` streams started together: seconds from send to the first piece of text."""
-    firsts: list[float] = []
-    lock = threading.Lock()
-
-    def one(prompt: str) -> None:
+    """`concurrency` streams started together (one request per client): seconds from send to the first piece of
+    text, of each stream that sent one."""
+    def one(call: load.Call) -> float | None:
         client = grpcclient.InferenceServerClient(url)
         got_first, done = threading.Event(), threading.Event()
-        start = time.perf_counter()
+        start, first = time.perf_counter(), []
 
         def callback(result, error):
             if error is not None:
@@ -114,58 +112,42 @@ def time_to_first_token(url: str, max_tokens: int, concurrency: int, prompts: li
             response = result.get_response()
             if response.outputs and not got_first.is_set():
                 got_first.set()
-                with lock:
-                    firsts.append(time.perf_counter() - start)
+                first.append(time.perf_counter() - start)
             if response.parameters["triton_final_response"].bool_param:
                 done.set()
 
         client.start_stream(callback=callback)
-        client.async_stream_infer("codegen_stream", request_inputs(prompt, max_tokens),
+        client.async_stream_infer("codegen_stream", request_inputs(prompts[call.index % len(prompts)], max_tokens),
                                   enable_empty_final_response=True)
         done.wait(600)
         client.stop_stream()
+        return first[0] if first else None
 
-    threads = [threading.Thread(target=one, args=(prompts[i % len(prompts)],)) for i in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return firsts
+    run = load.run_threads(one, concurrency, count=concurrency)
+    return [r.value for r in run.every if r.value is not None]
 
 
 @contextlib.contextmanager
 def busy_clients(url: str, clients: int, max_tokens: int):
     """`clients` threads sending unary `codegen` requests of `max_tokens` back to back while inside."""
-    stop = threading.Event()
+    connections: dict[int, grpcclient.InferenceServerClient] = {}
 
-    def client_loop(i: int) -> None:
-        client = grpcclient.InferenceServerClient(url)
-        while not stop.is_set():
-            client.infer("codegen", request_inputs(PROMPTS[i % len(PROMPTS)], max_tokens))
+    def request(call: load.Call) -> None:
+        client = connections.get(call.worker) or connections.setdefault(call.worker,
+                                                                        grpcclient.InferenceServerClient(url))
+        client.infer("codegen", request_inputs(PROMPTS[call.worker % len(PROMPTS)], max_tokens))
 
-    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(clients)]
-    for t in threads:
-        t.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
+    with load.Background(request, clients) as background:
+        yield background
 
 
 def mixed_load(url: str, seconds: float, long_clients: int = 8) -> list[float]:
     """8-token requests (one client) while `long_clients` clients keep 256-token requests running."""
-    short: list[float] = []
     with busy_clients(url, long_clients, 256):
         time.sleep(2.0)  # the long generations are under way
         client = grpcclient.InferenceServerClient(url)
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            t0 = time.perf_counter()
-            client.infer("codegen", request_inputs(PROMPTS[0], 8))
-            short.append(time.perf_counter() - t0)
-    return short
+        run = load.run_threads(lambda call: client.infer("codegen", request_inputs(PROMPTS[0], 8)), 1, duration=seconds)
+    return run.latencies
 
 
 JOINING_PROMPT = 'def quicksort(items):\n    """Sort a list."""\n'  # 15 tokens (counted and printed)
@@ -199,9 +181,9 @@ def print_joining_goal(url: str, murl: str, repository: Path) -> None:
     tokens = len(Tokenizer.from_file(str(repository / "codegen_generator" / "1" / "tokenizer.json"))
                  .encode(JOINING_PROMPT).ids)
     idle, joined = joining_ttft(url, murl)
-    ratio = statistics.median(joined) / statistics.median(idle)
+    ratio = stats.median(joined) / stats.median(idle)
     print(f"goal TTFT of a {tokens}-token prompt joining 15 running sequences / idle <= 2: p50 "
-          f"{statistics.median(joined) * 1e3:.0f} ms vs {statistics.median(idle) * 1e3:.0f} ms idle ({ratio:.2f}x) "
+          f"{stats.median(joined) * 1e3:.0f} ms vs {stats.median(idle) * 1e3:.0f} ms idle ({ratio:.2f}x) "
           f"{'OK' if ratio <= 2 else 'MISSED'}; samples (ms) joining {[round(t * 1e3) for t in joined]}, "
           f"idle {[round(t * 1e3) for t in idle]}", flush=True)
 
@@ -224,7 +206,7 @@ def measure(url: str, murl: str, ctx, max_tokens: int, concurrency: int, step_se
     row = dict(
         max_tokens=max_tokens, concurrency=concurrency, requests=len(lat), errors=result.errors,
         rps=result.throughput, tokens_per_s=result.throughput * max_tokens,
-        mean_ms=statistics.fmean(lat) * 1e3 if lat else float("nan"), p95_ms=result.percentile(95) * 1e3,
+        mean_ms=stats.mean(lat) * 1e3, p95_ms=result.percentile(95) * 1e3,
         gen_inferences=server["codegen_generator"]["inference_count"],
         gen_executions=server["codegen_generator"]["execution_count"],
         steps=delta["codegen_decode_steps"],
@@ -237,7 +219,7 @@ def measure(url: str, murl: str, ctx, max_tokens: int, concurrency: int, step_se
                         ((pre_rq, PRE_POST[0]), (post_rq, PRE_POST[1]), (charged, "codegen"))],
     )
     firsts = time_to_first_token(url, max_tokens, concurrency)
-    row["ttft_ms"] = statistics.median(firsts) * 1e3 if firsts else float("nan")
+    row["ttft_ms"] = stats.median(firsts) * 1e3
     print(f"max_tokens {max_tokens:3d} concurrency {concurrency:2d}: {row['rps']:6.2f} req/s, "
           f"{row['tokens_per_s']:7.1f} tokens/s, latency mean {row['mean_ms']:7.0f} ms p95 "
           f"{row['p95_ms']:7.0f} ms, TTFT (streamed, p50) {row['ttft_ms']:5.0f} ms "
@@ -337,7 +319,7 @@ def decode_step_figures(repository: Path, rows: int = 16, cached: tuple[int, ...
                                                use_cache=True).last_hidden_state
                     model.lm_head(hidden[:, -1])
                     samples[name].append(time.perf_counter() - start)
-            times = {name: statistics.median(values[1:]) * 1e3 for name, values in samples.items()}
+            times = {name: stats.median(values[1:]) * 1e3 for name, values in samples.items()}
             del caches
             print(f"  {length} tokens cached: in-place {times['in-place']:.0f} ms, torch.cat {times['torch.cat']:.0f} ms "
                   f"({times['torch.cat'] / times['in-place']:.2f}x)", flush=True)
@@ -349,10 +331,10 @@ def run(ctx) -> None:
     print()
     print_goals(rows, "demo GPT-J")
     idle = [r for r in rows if r["max_tokens"] == 8 and r["concurrency"] == 1][0]
-    idle_p50 = float(np.median(run_load(ctx.grpc_url, "codegen", inputs_factory(8), 1, 3.0, 0.5,
-                                        stats_models=["codegen"]).latencies))
+    idle_p50 = stats.median(run_load(ctx.grpc_url, "codegen", inputs_factory(8), 1, 3.0, 0.5,
+                                     stats_models=["codegen"]).latencies)
     short = mixed_load(ctx.grpc_url, 5.0 if ctx.quick else 10.0)
-    mixed_p50 = statistics.median(short)
+    mixed_p50 = stats.median(short)
     print(f"goal mixed 8/256 load: 8-token p50 {mixed_p50 * 1e3:.0f} ms vs idle {idle_p50 * 1e3:.0f} ms "
           f"({mixed_p50 / idle_p50:.1f}x, idle c1 run mean {idle['mean_ms']:.0f} ms) "
           f"{'OK' if mixed_p50 <= 2 * idle_p50 else 'MISSED'}")

@@ -4,14 +4,16 @@ of the codegen models), at concurrency 1, 4 and 16, on a GPT-J of codegen-350M-m
 `CODEGEN_DEMO_SIZE=350m`, built once into bench-results/ by bench_codegen.sized_repository).
 
 Workload: 16 prompts of code (10-19 tokens), 64 greedy tokens each; c clients send their requests back to back,
-max(c, 2) requests in all. Figures: generated tokens/s over the level's wall time, time to first token (TTFT)
-p50, inter-token gap p50/p95 (a response's gap spread over the tokens it carried), the process's RSS (VmRSS and
-peak VmHWM; served: the generator's stub), and in process the longest wait of a thread that wakes every
+max(c, 2) requests in all (bench/load.py's closed loop, by count). OpenVINO infers in f32 (--param precision=auto
+for the shipped default). Figures: generated tokens/s over the level's
+wall time, time to first token (TTFT) p50, inter-token gap p50/p95 (a response's gap spread over the tokens it
+carried; bench/stats.py's percentiles), the process's RSS (now and its peak: in process the kernel's high-water
+mark, served the generator's stub sampled every 20 ms; psutil), and in process the longest wait of a thread that wakes every
 millisecond (what one engine step holds the GIL for). Rounds are interleaved: every round runs each variant once,
 each in a fresh process (in process: a child python; served: a fresh tritonserver). The load average is printed
 with every row: this box is shared.
 
-    python bench/bench_codegen_engines.py [--rounds 3] [--threads 1] [--variants ...] [--docs]
+    python -m bench.bench_codegen_engines [--rounds 3] [--threads 1] [--variants ...] [--docs]
     make bench BENCH_ARGS="--only codegen_engines"   (one round; an opt-in entry of the suite: the default
                                                        `make bench` leaves it out, bench/suite.py OPT_IN)
 """
@@ -20,20 +22,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
 import re
-import statistics
+import resource
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
+from bench import load, stats
+
 ROOT = Path(__file__).resolve().parent.parent
-for _path in (ROOT, ROOT / "backends", ROOT / "client", ROOT / "bench"):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
 
 MODELS: list[str] = []  # `make bench` needs no model of the suite's server: this bench starts its own
 VARIANTS = {"torch-fp32": ("torch", "fp32"), "openvino-fp32": ("openvino", "fp32"), "openvino-int8": ("openvino", "int8")}
@@ -68,51 +70,66 @@ def summarize(traces: list[Trace], started: float, ended: float) -> dict:
         for (t0, n0), (t1, n1) in zip(t.marks, t.marks[1:]):
             if n1 > n0:
                 gaps += [(t1 - t0) / (n1 - n0)] * (n1 - n0)
-    gaps.sort()
-    pick = (lambda q: gaps[min(len(gaps) - 1, int(q * len(gaps)))] * 1e3) if gaps else (lambda q: float("nan"))
-    return {"tokens": tokens, "tokens_per_s": tokens / (ended - started),
-            "ttft_p50_ms": statistics.median(ttft) * 1e3 if ttft else float("nan"),
-            "itl_p50_ms": pick(0.5), "itl_p95_ms": pick(0.95)}
+    itl = stats.percentiles(gaps, (50, 95))
+    return {"tokens": tokens, "tokens_per_s": tokens / (ended - started), "ttft_p50_ms": stats.median(ttft) * 1e3,
+            "itl_p50_ms": itl[50] * 1e3, "itl_p95_ms": itl[95] * 1e3}
 
 
 def closed_loop(send, concurrency: int) -> dict:
     """`concurrency` clients, max(concurrency, 2) requests in all, each client's back to back; send(prompt,
     trace) runs one request to its end, recording its marks."""
-    jobs: queue.Queue = queue.Queue()
-    for i in range(max(concurrency, 2)):
-        jobs.put(PROMPTS[i % len(PROMPTS)])
-    traces: list[Trace] = []
+    def request(call: load.Call) -> Trace:
+        trace = Trace(time.perf_counter())
+        send(PROMPTS[call.index % len(PROMPTS)], trace)
+        return trace
 
-    def client():
-        while True:
+    run = load.run_threads(request, concurrency, count=max(concurrency, 2))
+    return summarize([r.value for r in run.every if r.ok], run.started, run.ended)
+
+
+def memory_mb(pid: int | None = None) -> dict:
+    """RSS now and at its peak (this process: the kernel's high-water mark; another's: RssPeak's samples, else
+    RSS now); file-backed pages apart (the mapped OpenVINO IR's, if not dropped; /dev/shm and memfd regions are
+    shared memory, not files)."""
+    process = psutil.Process(pid)
+    rss = process.memory_info().rss / 2 ** 20
+    file = sum(m.rss for m in process.memory_maps() if m.path.startswith("/")
+               and not m.path.startswith(("/dev/shm/", "/memfd:"))) / 2 ** 20
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 if pid is None else rss  # ru_maxrss: KiB
+    return {"rss_mb": rss, "peak_mb": max(peak, rss), "file_mb": file}
+
+
+class RssPeak:
+    """The highest summed RSS of some processes, sampled every 20 ms while inside (psutil has no other process's
+    high-water mark)."""
+
+    def __init__(self, pids: list[int]):
+        self.processes = [psutil.Process(p) for p in pids]
+        self.mb, self._stop = 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> None:
+        total = 0
+        for p in self.processes:
             try:
-                prompt = jobs.get_nowait()
-            except queue.Empty:
-                return
-            trace = Trace(time.perf_counter())
-            traces.append(trace)
-            send(prompt, trace)
+                total += p.memory_info().rss
+            except psutil.Error:
+                continue
+        self.mb = max(self.mb, total / 2 ** 20)
 
-    started = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return summarize(traces, started, time.perf_counter())
+    def _run(self):
+        while not self._stop.wait(0.02):
+            self.sample()
 
+    def __enter__(self):
+        self.sample()
+        self._thread.start()
+        return self
 
-def status_kb(pid: int | str, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    return 0
-
-
-def memory_mb(pid: int | str = "self") -> dict:
-    """RSS now and at its peak; file-backed pages apart (the mapped OpenVINO IR's, if not dropped)."""
-    return {"rss_mb": status_kb(pid, "VmRSS") / 1024, "peak_mb": status_kb(pid, "VmHWM") / 1024,
-            "file_mb": status_kb(pid, "RssFile") / 1024}
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.sample()
 
 
 class Ticker:
@@ -144,8 +161,7 @@ def variant_repository(variant: str, threads: int, instances: int = 1, params: d
     """bench-results/codegen-350m-<variant>-t<threads>: the codegen models' configs (the generator's engine,
     threads and instance count set) over the 350m artifacts, linked; for int8, the generator's version folder
     links the int8 IR (exported once into bench-results/) instead of the fp32 one."""
-    from bench_codegen import SIZED, SIZED_MODELS, sized_repository
-
+    from bench.bench_codegen import SIZED, SIZED_MODELS, sized_repository
     from build import openvino_export
 
     engine, weights = VARIANTS[variant]
@@ -159,7 +175,10 @@ def variant_repository(variant: str, threads: int, instances: int = 1, params: d
         if model == GENERATOR:
             config = config.replace('{ key: "engine" value: { string_value: "auto" } }',
                                     f'{{ key: "engine" value: {{ string_value: "{engine}" }} }}')
-            for key, value in {"openvino_threads": threads, "torch_threads": threads, **(params or {})}.items():
+            # f32 inference unless --param says otherwise: the variants compare weights and engines (issue 42), not
+            # the shipped precision auto (bf16 where the CPU has it: bench/codegen_limits.py serves it as shipped)
+            for key, value in {"openvino_threads": threads, "torch_threads": threads, "precision": "f32",
+                               **(params or {})}.items():
                 config, found = re.subn(rf'(key: "{key}",? value: {{ string_value: )"[^"]*"', rf'\g<1>"{value}"', config)
                 assert found == 1, f"the generator's config has no parameter {key}"
             assert f'string_value: "{engine}"' in config, "the generator's config no longer ships engine: auto"
@@ -246,13 +265,13 @@ def in_process_child(variant: str, threads: int, levels: list[int], keep_mapped:
 
 
 def variant_repository_path(variant: str, threads: int) -> Path:
-    from bench_codegen import SIZED
+    from bench.bench_codegen import SIZED
 
     return ROOT / "bench-results" / f"codegen-{SIZED}-{variant}-t{threads}"
 
 
 def in_process(variant: str, threads: int, levels: list[int], keep_mapped: bool = False) -> dict:
-    done = subprocess.run([sys.executable, __file__, "--child", variant, "--threads", str(threads),
+    done = subprocess.run([sys.executable, "-m", "bench.bench_codegen_engines", "--child", variant, "--threads", str(threads),
                            "--levels", *map(str, levels), *(["--keep-mapped-weights"] if keep_mapped else [])],
                           capture_output=True, text=True, timeout=3600, cwd=ROOT)
     if done.returncode != 0:
@@ -264,7 +283,8 @@ def in_process(variant: str, threads: int, levels: list[int], keep_mapped: bool 
 
 def stream_send(url: str):
     import tritonclient.grpc as grpcclient
-    from generate import request_inputs
+
+    from client.generate import request_inputs
 
     def send(prompt: str, trace: Trace) -> None:
         client = grpcclient.InferenceServerClient(url)
@@ -303,9 +323,10 @@ def served(variant: str, threads: int, levels: list[int]) -> dict:
         send(PROMPTS[0], Trace(time.perf_counter()))  # warm-up: the stream path's first call sets up lazily
         stubs = list(of_model(scan_stub_pids(server.process.pid), GENERATOR))
         out = {"loaded": sum_memory(stubs), "levels": {}}
-        for level in levels:
-            out["levels"][str(level)] = closed_loop(send, level)
-        out["after"] = sum_memory(stubs)
+        with RssPeak(stubs) as peak:
+            for level in levels:
+                out["levels"][str(level)] = closed_loop(send, level)
+        out["after"] = {**sum_memory(stubs), "peak_mb": peak.mb}
     return out
 
 
@@ -351,9 +372,8 @@ def print_row(row: dict) -> None:
 
 
 def median_of(rows: list[dict], variant: str, mode: str, level: int, key: str) -> float:
-    values = [r["levels"][str(level)][key] for r in rows if r["variant"] == variant and r["mode"] == mode
-              and str(level) in r["levels"]]
-    return statistics.median(values) if values else float("nan")
+    return stats.median(r["levels"][str(level)][key] for r in rows if r["variant"] == variant and r["mode"] == mode
+                        and str(level) in r["levels"])
 
 
 def verdict(value: float, met: bool) -> str:
@@ -371,7 +391,7 @@ def goals(rows: list[dict]) -> list[str]:
             y = [row for row in rows if row["round"] == r and row["variant"] == b and row["mode"] == mode_b]
             if x and y and str(level) in x[0]["levels"] and str(level) in y[0]["levels"]:
                 per_round.append(x[0]["levels"][str(level)][key] / y[0]["levels"][str(level)][key])
-        return statistics.median(per_round) if per_round else float("nan")
+        return stats.median(per_round)
 
     for variant, c16, c1 in (("openvino-fp32", 2.2, 1.5), ("openvino-int8", 2.8, 3.5)):
         for level, goal in ((16, c16), (1, c1)):
@@ -384,12 +404,12 @@ def goals(rows: list[dict]) -> list[str]:
     for variant in ("openvino-fp32", "openvino-int8"):
         value = ratio(variant, "torch-fp32", "served", "served", 16, "ttft_p50_ms")
         lines.append(f"TTFT p50 at c=16, served {variant} / torch: {value:.2f} (goal <= 1) {verdict(value, value <= 1)}")
-    for key, label in (("after", "after the run"), ("peak", "peak (VmHWM)")):
+    for key, label in (("after", "after the run"), ("peak", "peak (sampled every 20 ms)")):
         field_name = "peak_mb" if key == "peak" else "rss_mb"
 
         def served_rss(variant: str) -> float:
-            return statistics.median([r["after"][field_name] for r in rows if r["variant"] == variant
-                                      and r["mode"] == "served"] or [float("nan")])
+            return stats.median(r["after"][field_name] for r in rows if r["variant"] == variant
+                                and r["mode"] == "served")
 
         for variant, goal in (("openvino-fp32", 1.6), ("openvino-int8", 0.6)):
             share = served_rss(variant) / served_rss("torch-fp32")
@@ -407,8 +427,8 @@ def table(rows: list[dict], levels: list[int]) -> str:
             if not mine:
                 continue
             speeds = " | ".join(f"{median_of(rows, variant, mode, c, 'tokens_per_s'):.1f}" for c in levels)
-            rss = statistics.median(r["after"]["rss_mb"] for r in mine)
-            peak = statistics.median(r["after"]["peak_mb"] for r in mine)
+            rss = stats.median(r["after"]["rss_mb"] for r in mine)
+            peak = stats.median(r["after"]["peak_mb"] for r in mine)
             out.append(f"| {variant} | {mode} | {speeds} | {median_of(rows, variant, mode, 1, 'ttft_p50_ms'):.0f} / "
                        f"{median_of(rows, variant, mode, 16, 'ttft_p50_ms'):.0f} | "
                        f"{median_of(rows, variant, mode, 16, 'itl_p50_ms'):.1f} / "

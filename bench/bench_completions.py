@@ -4,32 +4,28 @@ and 16 (the seed's lengths), closed loop. Per row: requests/s, tokens/s, time to
 inter-token latency p50 (per request: (last piece - first piece) / (tokens - 1)). Goal: the gateway
 costs <= 5% of tokens/s and <= 2 ms of TTFT p50.
 
-    python bench/suite.py --only completions [--url HOST:GRPC_PORT] [--window 8] [--quick]
+    python -m bench.suite --only completions [--url HOST:GRPC_PORT] [--window 8] [--quick]
 
 bench/suite.py starts the tritonserver (or uses --url); `run(ctx)` starts a gateway in front of it.
 """
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Awaitable, Callable
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "client")]
+import aiohttp
 
-import aiohttp  # noqa: E402
-
-from gateway.completions.tensors import STREAM_MODEL, sequence_inputs  # noqa: E402
-from gateway.triton.engine import TritonEngine  # noqa: E402
-from launcher.gateway_process import GatewayProcess  # noqa: E402
-from launcher.processes import free_port  # noqa: E402
-from perf import LoadResult  # noqa: E402
+from bench import load, stats
+from bench.load import LoadResult
+from gateway.completions.tensors import STREAM_MODEL, sequence_inputs
+from gateway.triton.engine import TritonEngine
+from launcher.gateway_process import GatewayProcess
+from launcher.processes import free_port
 
 MODELS = ["codegen_generator", "codegen", "codegen_stream"]
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n\n\ndef main(argv):\n",
@@ -77,50 +73,23 @@ class StreamLoad(LoadResult):
         return sum(t.tokens_between(self.window_from, end) for t in self.every) / self.seconds
 
     def ttft_ms(self, p: float) -> float:
-        return _percentile([t.ttft for t in self.timings], p) * 1e3
+        return stats.percentile([t.ttft for t in self.timings], p) * 1e3
 
     @property
     def itl_ms(self) -> float:
-        return _percentile([t.span / (t.tokens - 1) for t in self.timings if t.tokens > 1], 50) * 1e3
-
-
-def _percentile(values: list[float], p: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
+        return stats.median([t.span / (t.tokens - 1) for t in self.timings if t.tokens > 1]) * 1e3
 
 
 OneRequest = Callable[[str, int], Awaitable[Timing]]
 
 
-async def _closed_loop(one: OneRequest, max_tokens: int, concurrency: int, warmup: float,
-                       window: float) -> tuple[list[Timing], list[Timing], float, int, str]:
-    """As bench/perf.py counts: every request that ends inside the window counts (requests/s, latency);
+async def _closed_loop(one: OneRequest, max_tokens: int, concurrency: int, warmup: float, window: float) -> load.Run:
+    """bench/load.py's closed loop: every request that ends inside the window counts (requests/s, latency);
     tokens/s counts the tokens that arrived inside it, from every request (Timing.tokens_between)."""
-    prompts = itertools.cycle(PROMPTS)
-    timings: list[Timing] = []
-    every: list[Timing] = []
-    errors, first_error = 0, ""
-    start = time.perf_counter()
-    measure_from, measure_to = start + warmup, start + warmup + window
+    async def request(call: load.Call) -> Timing:
+        return await one(PROMPTS[call.index % len(PROMPTS)], max_tokens)
 
-    async def worker():
-        nonlocal errors, first_error
-        while time.perf_counter() < measure_to:
-            try:
-                timing = await one(next(prompts), max_tokens)
-                every.append(timing)
-            except Exception as e:  # noqa: BLE001 - counted and reported, the load goes on
-                timing, first_error = None, first_error or f"{type(e).__name__}: {e}"
-            if measure_from <= time.perf_counter() <= measure_to:
-                if timing is None:
-                    errors += 1
-                else:
-                    timings.append(timing)
-
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return timings, every, measure_from, errors, first_error
+    return await load.run_async(request, concurrency, duration=window, warmup=warmup)
 
 
 def grpc_request(engine: TritonEngine) -> OneRequest:
@@ -178,17 +147,16 @@ async def _measure(label: str, grpc_url: str, gateway_url: str | None, max_token
     if gateway_url is None:
         engine = TritonEngine(grpc_url)
         try:
-            timings, every, window_from, errors, first_error = await _closed_loop(grpc_request(engine), max_tokens, concurrency,
-                                                              warmup, window)
+            run = await _closed_loop(grpc_request(engine), max_tokens, concurrency, warmup, window)
         finally:
             await engine.close()
     else:
         connector = aiohttp.TCPConnector(limit=concurrency)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
-            timings, every, window_from, errors, first_error = await _closed_loop(http_request(session, gateway_url), max_tokens,
-                                                              concurrency, warmup, window)
-    return StreamLoad(label, concurrency, window, [t.total for t in timings], errors, 1, first_error, {}, timings,
-                      every, window_from)
+            run = await _closed_loop(http_request(session, gateway_url), max_tokens, concurrency, warmup, window)
+    timings = [r.value for r in run.records if r.ok]
+    return StreamLoad(label, concurrency, run.seconds, [t.total for t in timings], run.errors, 1, run.first_error, {},
+                      timings, [r.value for r in run.every if r.ok], run.window_from)
 
 
 def window_for(max_tokens: int, concurrency: int, window: float) -> float:

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from bench.model_repo import MODEL_REPOSITORY, parameter
-from perf import best_limit, run_load, text_inputs_factory
+from bench.perf import best_limit, run_load, text_inputs_factory
 
 MODELS = ["food_captioning"]
 

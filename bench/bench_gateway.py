@@ -4,7 +4,7 @@ over gRPC (bench/perf.py) in the same run. Per level: req/s, p50/p95, errors, th
 throughput ratio, and the CPU share of the gateway process and of tritonserver + its stubs.
 Goal (issue 10): gateway >= 0.8x direct gRPC at concurrency 32, no errors at 256.
 
-    python bench/suite.py --only gateway [--url HOST:GRPC_PORT] [--window 8] [--quick]
+    python -m bench.suite --only gateway [--url HOST:GRPC_PORT] [--window 8] [--quick]
 
 bench/suite.py starts the tritonserver (or uses --url); `run(ctx)` starts a gateway in front of it.
 """
@@ -12,21 +12,18 @@ from __future__ import annotations
 
 import itertools
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "client"), str(ROOT / "bench"), str(ROOT / "backends")]
+import psutil
 
-import psutil  # noqa: E402
-
-from bench_text_embedding import corpus  # noqa: E402
-from http_load import run_http_load  # noqa: E402
-from launcher.gateway_process import GatewayProcess  # noqa: E402
-from launcher.processes import free_port, process_tree  # noqa: E402
-from perf import LoadResult, format_report, run_load, text_inputs_factory  # noqa: E402
+from bench.bench_text_embedding import corpus
+from bench.http_load import run_http_load
+from bench.perf import LoadResult, format_report, run_load, text_inputs_factory
+from launcher.gateway_process import GatewayProcess
+from launcher.processes import free_port
+from supervisor.processes import process_tree
 
 MODELS = ["text_embedding"]
 MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"  # the gateway's name for text_embedding

@@ -6,23 +6,20 @@ beside them (the plain ones' own tokens/s; OpenVINO's scorer unbounded, then bou
 served). Rounds are interleaved; medians are printed with the load average (this box is shared), and the median
 of each round's ratio to that round's plain run.
 
-    python bench/bench_logprobs.py [--rounds 3] [--requests 8] [--tokens 64] [--model-dir DIR] [--engines ...]
+    python -m bench.bench_logprobs [--rounds 3] [--requests 8] [--tokens 64] [--model-dir DIR] [--engines ...]
                                    [--variants "logprobs=0" ...] [--max-scored-rows 1 2 ...]
 """
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import sys
 import threading
 import time
 from pathlib import Path
 
+from bench import stats
+
 ROOT = Path(__file__).resolve().parent.parent
-for _path in (ROOT, ROOT / "backends"):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
 
 PROMPTS = ["while True:\n    x = ", "import os\nimport sys\n\n\ndef main(", "class Stack:\n    def push(self, item",
            "for i in range(10):\n    print(", "x = [1, 2, 3, 4, 5, 6,", "def add(a, b):\n    return a +",
@@ -70,7 +67,7 @@ def run(engine, requests, measured: int | None = None) -> tuple[float, float, fl
         ends.append(time.perf_counter())
     mine, others = sinks[:measured], sinks[len(sinks[:measured]):]
     elapsed = max(ends[:len(mine)]) - started
-    ttft = statistics.median((s.first_at or time.perf_counter()) - started for s in mine) * 1000
+    ttft = stats.median((s.first_at or time.perf_counter()) - started for s in mine) * 1000
     others_speed = sum(s.count for s in others) / (max(ends) - started) if others else 0.0
     return sum(s.count for s in mine) / elapsed, ttft, others_speed
 
@@ -134,14 +131,14 @@ def main() -> None:
             for _ in range(args.rounds):
                 for name, make in variants.items():
                     results[name].append(measure(name, make))
-            plain = statistics.median(r[0] for r in results["plain"])
-            paired = {name: statistics.median(r[0] / p[0] for r, p in zip(rows, results["plain"]))
+            plain = stats.median(r[0] for r in results["plain"])
+            paired = {name: stats.median(r[0] / p[0] for r, p in zip(rows, results["plain"]))
                       for name, rows in results.items()}
             print(f"\n{kind} engine, {args.model_dir}, {args.requests} requests x {args.tokens} greedy tokens, "
                   f"{args.rounds} rounds, load {os.getloadavg()[0]:.1f}")
             for name, rows in results.items():
-                speed, ttft = statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows)
-                mates = statistics.median(r[2] for r in rows)
+                speed, ttft = stats.median(r[0] for r in rows), stats.median(r[1] for r in rows)
+                mates = stats.median(r[2] for r in rows)
                 print(f"  {name:44s} {speed:9.1f} tokens/s  (x{speed / plain:.3f} of plain, "
                       f"paired x{paired[name]:.3f})  "
                       f"TTFT p50 {ttft:7.1f} ms   rounds {[round(r[0]) for r in rows]}"

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import itertools
 import random
-import statistics
 import time
 
+from bench import stats
 from bench.model_repo import MODEL_REPOSITORY, parameter
-from perf import best_limit, in_process_limit, run_load, text_inputs_factory
+from bench.perf import best_limit, in_process_limit, run_load, text_inputs_factory
 
 PEOPLE = ["George Washington", "Angela Merkel", "Barack Obama", "Marie Curie", "Kofi Annan", "Zoë Saldaña"]
 PLACES = ["Washington", "Berlin", "Paris", "New York", "Tokyo", "Zürich", "the United Kingdom", "Lagos"]
@@ -96,7 +96,7 @@ def run(ctx) -> None:
     window = ctx.window if ctx.quick else max(ctx.window, MIN_WINDOW)
     warmup = ctx.warmup if ctx.quick else max(ctx.warmup, MIN_WARMUP)
     best = limit(window / 4)
-    alone = statistics.median(one_text_latencies(flair_predict(), texts, window / 2))
+    alone = stats.median(one_text_latencies(flair_predict(), texts, window / 2))
     for concurrency in ((1, 32) if ctx.quick else (1, 8, 32, 64)):
         result = run_load(ctx.grpc_url, "ner", text_inputs_factory(texts), concurrency, window, warmup)
         ctx.report(result, best, "sentences/sec")

@@ -16,8 +16,8 @@
    (images/s, Triton embedding included), then POST .../search by vector and by image at concurrency 1
    and 16 over HTTP (bench/http_load.py).
 
-    python bench/bench_search.py [--vectors 100000] [--images 1000] [--window 5] [--quick]
-    python bench/bench_search.py --only-filtered [--filtered-sizes 100000,1000000] [--filtered-dim 64]
+    python -m bench.bench_search [--vectors 100000] [--images 1000] [--window 5] [--quick]
+    python -m bench.bench_search --only-filtered [--filtered-sizes 100000,1000000] [--filtered-dim 64]
 As a `make bench` entry (`bench/suite.py --only search`) it starts its own tritonserver for part 2
 (the gateway's generated models live in a DATA_DIR that server must serve).
 """
@@ -34,15 +34,12 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "client"), str(ROOT / "bench")]
-
-from http_load import run_http_load  # noqa: E402
-from perf import format_report  # noqa: E402
-from search import demo_image, encode  # noqa: E402
-
-from gateway.search.faiss_store import FaissStore  # noqa: E402
-from gateway.search.stores import matches, normalize_rows  # noqa: E402
+from bench import load, stats
+from bench.http_load import run_http_load
+from bench.perf import format_report
+from client.search import demo_image, encode
+from gateway.search.faiss_store import FaissStore
+from gateway.search.stores import matches, normalize_rows
 
 MODELS: list[str] = []  # part 2 starts its own server (generated models)
 DIM = 512
@@ -66,27 +63,9 @@ def ingest(store, vectors: np.ndarray, batch: int, budget: float | None = None) 
 
 
 def closed_loop(search, queries: np.ndarray, concurrency: int, window: float) -> tuple[list[float], float]:
-    latencies: list[float] = []
-    lock, stop = threading.Lock(), time.perf_counter() + window
-    counter = itertools.count()
-
-    def worker():
-        mine = []
-        while time.perf_counter() < stop:
-            q = queries[next(counter) % len(queries)]
-            t = time.perf_counter()
-            search(q)
-            mine.append(time.perf_counter() - t)
-        with lock:
-            latencies.extend(mine)
-
-    started = time.perf_counter()
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return latencies, len(latencies) / (time.perf_counter() - started)
+    """(latencies, searches/s) of `concurrency` threads searching back to back for `window` seconds."""
+    run = load.run_threads(lambda call: search(queries[call.index % len(queries)]), concurrency, duration=window)
+    return run.latencies, len(run.latencies) / run.seconds
 
 
 def recall_at_10(search, queries: np.ndarray, truth: list[set]) -> float:
@@ -127,7 +106,7 @@ def bench_stores(n: int, window: float, qdrant_budget: float, folder: Path) -> N
             recall = recall_at_10(search, queries, sub_truth)
             for concurrency in (1, 16):
                 lat, rate = closed_loop(search, queries, concurrency, window)
-                p50, p95 = (np.percentile(lat, p) * 1e3 for p in (50, 95))
+                p50, p95 = (stats.percentile(lat, p) * 1e3 for p in (50, 95))
                 rows.append((label, count, seconds, concurrency, p50, p95, rate, recall))
                 print(f"{label:20s} n={count:6d} ingest {seconds:7.2f}s ({count / seconds:8.0f}/s)  c={concurrency:2d} "
                       f"p50 {p50:8.2f} ms p95 {p95:8.2f} ms {rate:8.1f} searches/s recall@10 {recall:.3f}",
@@ -179,7 +158,7 @@ def bench_filtered(sizes: list[int], dim: int, window: float, folder: Path) -> N
                 examined = (store.examined - before) / 20
             for concurrency in (1, 16):
                 lat, rate = closed_loop(search, queries, concurrency, window)
-                p50, p95 = (np.percentile(lat, p) * 1e3 for p in (50, 95))
+                p50, p95 = (stats.percentile(lat, p) * 1e3 for p in (50, 95))
                 rows.append((n, label, concurrency, p50, p95, rate, examined, recall))
                 print(f"filtered: n={n:7d} {label:20s} c={concurrency:2d} p50 {p50:8.2f} ms p95 {p95:8.2f} ms "
                       f"{rate:8.1f} searches/s rows examined/search {examined:9.0f} recall@10 {recall:.3f}", flush=True)

@@ -9,29 +9,26 @@ limiter's sweep) is timed too.
 Goal: keyed >= 97% of open throughput and p50 within 0.3 ms. The last column gives each paired difference's
 mean over the rounds with its 95% interval: a goal narrower than that interval is one the run cannot decide.
 
-    .venv/bin/python bench/bench_security.py [--window 8] [--rounds 2]
+    .venv/bin/python -m bench.bench_security [--window 8] [--rounds 2]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import itertools
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "client"), str(ROOT / "bench"), str(ROOT / "tests")]
-
-from bench_gateway import CpuShare  # noqa: E402
-from bench_text_embedding import corpus  # noqa: E402
-from http_load import bearer, run_http_load, run_http_load_interleaved  # noqa: E402
-from launcher.gateway_process import GatewayProcess  # noqa: E402
-from launcher.processes import free_port  # noqa: E402
-from launcher.triton_server import TritonServer  # noqa: E402
-from paired import interval  # noqa: E402
+from bench import stats
+from bench.bench_gateway import CpuShare
+from bench.bench_text_embedding import corpus
+from bench.http_load import bearer, run_http_load, run_http_load_interleaved
+from bench.paired import interval
+from launcher.gateway_process import GatewayProcess
+from launcher.processes import free_port
+from launcher.triton_server import TritonServer
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 KEY = "gk-bench-key-0123456789"
@@ -180,7 +177,7 @@ the alternating table's throughput is the box's.""")
 
 def mean_latency(result) -> float:
     """nan for a run whose every request failed: the report goes on to its errors instead of stopping."""
-    return statistics.mean(result.latencies) if result.latencies else float("nan")
+    return stats.mean(result.latencies) if result.latencies else float("nan")
 
 
 def report(label: str, result) -> None:
@@ -203,9 +200,9 @@ def table(results, from_latency: bool = False) -> None:
         rows = {}
         for name in ("open", "keyed"):
             runs = results[(name, concurrency)]
-            rows[name] = (statistics.mean(rate(r) for r in runs),
-                          statistics.median(r.percentile(50) for r in runs) * 1000,
-                          statistics.mean(r.gateway_cpu_ms for r in runs))
+            rows[name] = (stats.mean(rate(r) for r in runs),
+                          stats.median(r.percentile(50) for r in runs) * 1000,
+                          stats.mean(r.gateway_cpu_ms for r in runs))
         (ot, op, oc), (kt, kp, kc) = rows["open"], rows["keyed"]
         pairs = list(zip(results[("open", concurrency)], results[("keyed", concurrency)]))
         rounds = ", ".join(f"{rate(k) / rate(o):.3f} {(k.percentile(50) - o.percentile(50)) * 1000:+.2f}"

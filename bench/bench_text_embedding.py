@@ -4,7 +4,7 @@ from __future__ import annotations
 import random
 
 from bench.model_repo import MODEL_REPOSITORY, parameter
-from perf import best_limit, run_load, text_inputs_factory
+from bench.perf import best_limit, run_load, text_inputs_factory
 
 WORDS = ("the a model server request batch token sentence embedding vector latency throughput queue "
          "worker python triton tensor inference pipeline stage encoder network memory cache shared "

@@ -14,7 +14,7 @@ this shared box falls on all alike. Per point: req/s, p50/p95, and what the load
 (its CPU share of one core): a figure measured while the client used >= 90% of a core is marked
 client-limited (the client's event loop, not the server, may be what stopped it).
 
-    python bench/compare_embeddings.py [--window 10] [--rounds 2] [--levels 1 8 32 64] [--baseline-tree DIR]
+    python -m bench.compare_embeddings [--window 10] [--rounds 2] [--levels 1 8 32 64] [--baseline-tree DIR]
 
 Writes bench-results/<date>/embeddings-compare.{md,json} and plots; `make sweep` runs it too.
 """
@@ -25,7 +25,6 @@ import datetime
 import itertools
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -33,19 +32,20 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
+from bench import stats
+from bench.bench_gateway import MODEL_ID, CpuShare
+from bench.bench_text_embedding import corpus
+from bench.http_load import run_http_load
+from bench.paired import interval, verdict
+from bench.perf import run_load, text_inputs_factory
+from launcher.gateway_process import GatewayProcess
+from launcher.processes import free_port
+from launcher.triton_server import TritonServer
+from supervisor.processes import process_tree
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "client"), str(ROOT / "bench"), str(ROOT / "backends")]
-
-import numpy as np  # noqa: E402
-
-from bench_gateway import MODEL_ID, CpuShare  # noqa: E402
-from bench_text_embedding import corpus  # noqa: E402
-from http_load import run_http_load  # noqa: E402
-from launcher.gateway_process import GatewayProcess  # noqa: E402
-from launcher.processes import free_port, process_tree  # noqa: E402
-from launcher.triton_server import TritonServer  # noqa: E402
-from paired import interval, verdict  # noqa: E402
-from perf import run_load, text_inputs_factory  # noqa: E402
 
 LEVELS = (1, 8, 32, 64)
 MODEL_DIR = ROOT / "model_repository" / "text_embedding_encoder" / "1"  # the all-MiniLM-L6-v2 folder Triton serves
@@ -199,11 +199,11 @@ def means(points: list[dict]) -> dict[tuple[str, int], dict]:
     groups: dict[tuple[str, int], list[dict]] = {}
     for p in points:
         groups.setdefault((p["contender"], p["concurrency"]), []).append(p)
-    return {key: {"rps": statistics.fmean(p["rps"] for p in ps), "p50_ms": statistics.fmean(p["p50_ms"] for p in ps),
-                  "p95_ms": statistics.fmean(p["p95_ms"] for p in ps), "errors": sum(p["errors"] for p in ps),
-                  "client_cpu": statistics.fmean(p["client_cpu"] for p in ps),
-                  "serving_cpu": statistics.fmean(p["serving_cpu"] for p in ps),
-                  **{k: statistics.fmean(p[k] for p in ps) for k in ("client_ms", "own_ms", "triton_ms")},
+    return {key: {"rps": stats.mean(p["rps"] for p in ps), "p50_ms": stats.mean(p["p50_ms"] for p in ps),
+                  "p95_ms": stats.mean(p["p95_ms"] for p in ps), "errors": sum(p["errors"] for p in ps),
+                  "client_cpu": stats.mean(p["client_cpu"] for p in ps),
+                  "serving_cpu": stats.mean(p["serving_cpu"] for p in ps),
+                  **{k: stats.mean(p[k] for p in ps) for k in ("client_ms", "own_ms", "triton_ms")},
                   "client_limited": any(p["client_limited"] for p in ps), "rounds": [p["rps"] for p in ps],
                   "p50_rounds": [p["p50_ms"] for p in ps]}
             for key, ps in groups.items()}
@@ -304,7 +304,7 @@ def start_receiver(out_dir: Path) -> tuple[subprocess.Popen, str]:
     """bench/otlp_receiver.py in a process of its own (its decoding is not the load generator's CPU)."""
     url_file = out_dir / "otlp_receiver.url"
     url_file.unlink(missing_ok=True)
-    process = subprocess.Popen([sys.executable, str(ROOT / "bench" / "otlp_receiver.py"), "--port-file", str(url_file)],
+    process = subprocess.Popen([sys.executable, "-m", "bench.otlp_receiver", "--port-file", str(url_file)],
                                cwd=ROOT)
     deadline = time.monotonic() + 30
     while not url_file.exists() or not url_file.read_text():

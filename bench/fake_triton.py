@@ -3,7 +3,7 @@ unit vector (`embedding`, FP32 [rows, 384]). In front of it the gateway is the o
 own cost per request (CPU ms/request) and its ceiling (req/s) can be measured without the model's
 compute and without the noise of a busy box drowning a sub-millisecond difference.
 
-    python bench/fake_triton.py --port 9400      # then TRITON_GRPC_URL=127.0.0.1:9400 python -m gateway
+    python -m bench.fake_triton --port 9400      # then TRITON_GRPC_URL=127.0.0.1:9400 python -m gateway
 
 --delay-ms: answer after that long instead (a real model's time, so the gateway idles between requests at
 c1 as it does in front of Triton; costs that only show on a cold, idle loop show then).

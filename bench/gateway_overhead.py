@@ -3,7 +3,7 @@ the gateway works. Per point: req/s (its ceiling on this box, with the client be
 gateway process's CPU ms per request, the figure that decides how much of the 2 cores it takes from Triton
 under real load. Contenders alternate ABAB per concurrency.
 
-    python bench/gateway_overhead.py [--baseline-tree DIR ...] [--env NAME=K=V ...] [--levels 1 32] [--rounds 3]
+    python -m bench.gateway_overhead [--baseline-tree DIR ...] [--env NAME=K=V ...] [--levels 1 32] [--rounds 3]
 
 --baseline-tree: a gateway from another source tree (e.g. `git archive <rev>` unpacked, with model_repository
 linked); --env: a gateway of this tree with extra environment (e.g. to compare settings); --delay-ms: the
@@ -12,21 +12,20 @@ fake answers after that long, so the gateway idles between requests at c1 as it 
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+from bench import stats
+from bench.bench_gateway import MODEL_ID
+from bench.bench_text_embedding import corpus
+from bench.compare_embeddings import Contender, TreeGateway, measure
+from launcher.gateway_process import GatewayProcess
+from launcher.processes import free_port
 
-from bench_gateway import MODEL_ID  # noqa: E402
-from bench_text_embedding import corpus  # noqa: E402
-from compare_embeddings import Contender, TreeGateway, measure  # noqa: E402
-from launcher.gateway_process import GatewayProcess  # noqa: E402
-from launcher.processes import free_port  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def main() -> int:
@@ -40,8 +39,8 @@ def main() -> int:
     parser.add_argument("--delay-ms", type=float, default=0.0)
     args = parser.parse_args()
     port = free_port()
-    fake = subprocess.Popen([sys.executable, str(ROOT / "bench" / "fake_triton.py"), "--port", str(port),
-                             "--delay-ms", str(args.delay_ms)])
+    fake = subprocess.Popen([sys.executable, "-m", "bench.fake_triton", "--port", str(port),
+                             "--delay-ms", str(args.delay_ms)], cwd=ROOT)
     gateways, contenders = [], []
     texts = corpus()
     try:
@@ -77,10 +76,10 @@ def main() -> int:
     for c in args.levels:
         for contender in contenders:
             ps = [p for p in points if p["contender"] == contender.name and p["concurrency"] == c]
-            print(f"| {contender.name} | {c} | {statistics.fmean(p['rps'] for p in ps):.1f} | "
-                  f"{statistics.fmean(p['p50_ms'] for p in ps):.2f} | {statistics.fmean(p['own_ms'] for p in ps):.3f}; "
+            print(f"| {contender.name} | {c} | {stats.mean(p['rps'] for p in ps):.1f} | "
+                  f"{stats.mean(p['p50_ms'] for p in ps):.2f} | {stats.mean(p['own_ms'] for p in ps):.3f}; "
                   + " / ".join(f"{p['own_ms']:.3f}" for p in ps)
-                  + f" | {statistics.fmean(p['client_cpu'] for p in ps):.0%}"
+                  + f" | {stats.mean(p['client_cpu'] for p in ps):.0%}"
                   + (" (client-limited)" if any(p["client_limited"] for p in ps) else "") + " |")
     return 0
 

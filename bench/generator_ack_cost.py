@@ -1,9 +1,9 @@
 """What the generator's acknowledgement of each BLS call (issue 48) costs: the server's CPU time (tritonserver
-and every stub, from /proc) per request, with and without it, in interleaved rounds on one server. The server
+and every stub, psutil) per request, with and without it, in interleaved rounds on one server. The server
 loads the codegen models twice: the shipped fronts, and copies named `*_noack` whose config says
 `ack_generator_calls: false` (the calls as before the acknowledgement), both calling one generator.
 
-    .venv/bin/python bench/generator_ack_cost.py [--rounds 6] [--requests 40]
+    .venv/bin/python -m bench.generator_ack_cost [--rounds 6] [--requests 40]
 
 Each round sends the same greedy requests one at a time: `codegen_stream` (one acknowledgement per fetch)
 and `codegen_collect` (one per row, 4 rows), then their `_noack` twins, in alternating order."""
@@ -11,27 +11,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import numpy as np
+import tritonclient.grpc as grpcclient
 
-import numpy as np  # noqa: E402
-import tritonclient.grpc as grpcclient  # noqa: E402
-
-from launcher.processes import free_port  # noqa: E402
-from launcher.triton_server import MODEL_REPOSITORY, TritonServer  # noqa: E402
-from supervisor.codegen_probe import request_inputs, stream_call, tensor  # noqa: E402
-from supervisor.stubs import cpu_ticks, scan_stub_pids  # noqa: E402
+from bench import stats
+from launcher.processes import free_port
+from launcher.triton_server import MODEL_REPOSITORY, TritonServer
+from supervisor.codegen_probe import request_inputs, stream_call, tensor
+from supervisor.processes import cpu_time
+from supervisor.stubs import scan_stub_pids
 
 MODELS = ["codegen_generator", "codegen_preprocess", "codegen_collect", "codegen_stream"]
 TWINS = {"codegen_collect": "codegen_collect_noack", "codegen_stream": "codegen_stream_noack"}
 PROMPT, MAX_TOKENS = "def fibonacci(n):", 32
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def repository(folder: Path) -> Path:
@@ -52,7 +48,7 @@ def repository(folder: Path) -> Path:
 
 def cpu_seconds(server_pid: int) -> float:
     """utime + stime of tritonserver and its live stubs."""
-    return sum(cpu_ticks(pid) or 0 for pid in [server_pid, *scan_stub_pids(server_pid)]) / TICKS
+    return sum(cpu_time(pid) or 0.0 for pid in [server_pid, *scan_stub_pids(server_pid)])
 
 
 def collect_inputs(ids: np.ndarray) -> list:
@@ -108,9 +104,9 @@ def main() -> int:
     print(f"server CPU per request (tritonserver + stubs), {args.rounds} interleaved rounds of {args.requests} "
           f"requests, {MAX_TOKENS} tokens, greedy:")
     for model, twin in TWINS.items():
-        print(f"  {model}: with ack {statistics.median(costs[model]) * 1e3:.2f} ms, without "
-              f"{statistics.median(costs[twin]) * 1e3:.2f} ms; ratio per round median "
-              f"{statistics.median(ratios[model]):.3f} (min {min(ratios[model]):.3f}, max {max(ratios[model]):.3f})")
+        print(f"  {model}: with ack {stats.median(costs[model]) * 1e3:.2f} ms, without "
+              f"{stats.median(costs[twin]) * 1e3:.2f} ms; ratio per round median "
+              f"{stats.median(ratios[model]):.3f} (min {min(ratios[model]):.3f}, max {max(ratios[model]):.3f})")
     return 0
 
 

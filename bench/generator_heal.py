@@ -4,7 +4,7 @@
 keeper's restart of a server that Triton 2.51 aborted while the supervisor reloaded the generator
 (docs/self-healing.md): either way the figure is what a client sees.
 
-    .venv/bin/python bench/generator_heal.py --kills 5 [--engine torch]
+    .venv/bin/python -m bench.generator_heal --kills 5 [--engine torch]
 
 The server runs as `make triton` runs it (supervisor with its canaries, restarted by the keeper), with the
 codegen models only. tests/test_codegen_heal_under_load_server.py checks the same with a loose bound."""
@@ -12,23 +12,19 @@ from __future__ import annotations
 
 import argparse
 import signal
-import statistics
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.append(str(ROOT / "tests"))  # food_images.py (the workload), codegen_engines.py
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
-import tritonclient.grpc as grpcclient  # noqa: E402
-from tritonclient.utils import InferenceServerException  # noqa: E402
-
-from bench.workload import Load  # noqa: E402
-from supervisor.codegen_probe import request_inputs, stream_call  # noqa: E402
-from supervisor.faults import kill_stub  # noqa: E402
+from bench import stats
+from bench.workload import Load
+from supervisor.codegen_probe import request_inputs, stream_call
+from supervisor.faults import kill_stub
 
 GENERATOR = "codegen_generator"
 CODEGEN_MODELS = [GENERATOR, "codegen", "codegen_stream"]
@@ -135,7 +131,7 @@ def supervised_codegen_server(folder: Path, engine: str | None = None):
 
     repository = MODEL_REPOSITORY
     if engine is not None:
-        from codegen_engines import repository_with_engine
+        from bench.model_repo import repository_with_engine
 
         repository = repository_with_engine(folder / "models", engine)
     state_file = folder / "supervisor.json"  # as `make triton`, the stubs read it (stage_common/supervisor_view.py)
@@ -182,7 +178,7 @@ def main() -> int:
     served = [r.serving_s for r in results if r.serving_s is not None]
     print(f"\n{len(results)} generator kills under {UNARY_CLIENTS} codegen + {STREAM_CLIENTS} codegen_stream clients "
           f"(engine {args.engine or 'auto'}): kill -> serving " + ", ".join(f"{s:.2f}s" for s in served)
-          + (f"; median {statistics.median(served):.2f}s, max {max(served):.2f}s" if served else ""))
+          + (f"; median {stats.median(served):.2f}s, max {max(served):.2f}s" if served else ""))
     refused = [o for o in failed if not accepted(o)]
     print(f"  requests: {len(outcomes)}, failed {len(failed)}, of which not UNAVAILABLE {len(refused)}; "
           f"server restarts {len(kept.restarts)}")

@@ -14,13 +14,10 @@ from __future__ import annotations
 import base64
 import os
 import random
-import sys
-from pathlib import Path
 
 from locust import HttpUser, between, events, task
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "client"))
-from search import demo_image, encode  # noqa: E402
+from client.search import demo_image, encode
 
 COLLECTION = os.environ.get("SEARCH_COLLECTION", "locust-search")
 STORE = os.environ.get("SEARCH_STORE", "faiss")

@@ -2,7 +2,7 @@
 and the tracing bench collect spans with, in place of an OpenTelemetry Collector (none installs here).
 It decodes each POST /v1/traces as opentelemetry-proto's ExportTraceServiceRequest (protobuf, or JSON
 with Content-Type application/json; gzip when sent so) and keeps every span with its resource's
-service.name. Run alone (`python bench/otlp_receiver.py --port N`) it only counts, so that a bench's
+service.name. Run alone (`python -m bench.otlp_receiver --port N`) it only counts, so that a bench's
 exports cost the load generator nothing."""
 from __future__ import annotations
 

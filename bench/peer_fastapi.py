@@ -2,7 +2,7 @@
 (one process, torch threads = cores), one endpoint per pipeline. `make bench` starts it on a free port
 and loads it exactly like the served pipelines, in the same run.
 
-    python bench/peer_fastapi.py --port 9100 --pipeline text_embedding
+    python -m bench.peer_fastapi --port 9100 --pipeline text_embedding
 """
 from __future__ import annotations
 
@@ -10,14 +10,12 @@ import argparse
 import base64
 import io
 import os
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT)]
+from fastapi import FastAPI
+from pydantic import BaseModel
 
-from fastapi import FastAPI  # noqa: E402
-from pydantic import BaseModel  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 MODEL_REPOSITORY = ROOT / "model_repository"
 

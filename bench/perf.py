@@ -1,8 +1,9 @@
-"""The project's stand-in for perf_analyzer (no installable build exists here): closed-loop async gRPC
-load on any model at a range of concurrencies, client percentiles, and the server-side breakdown from
-the statistics API, printed in perf_analyzer's layout.
+"""The project's own load generator, in perf_analyzer's layout: closed-loop async gRPC load on any model at a
+range of concurrencies, client percentiles, and the server-side breakdown from the statistics API. Triton's
+perf_analyzer itself (from the tritonclient 2.51 wheel, in .perf-tools/) runs beside it in
+bench/bench_perf_analyzer.py, on the same models.
 
-    python bench/perf.py -m text_embedding --concurrency 1,8,32 --text "a sentence"
+    python -m bench.perf -m text_embedding --concurrency 1,8,32 --text "a sentence"
 """
 from __future__ import annotations
 
@@ -10,41 +11,20 @@ import argparse
 import asyncio
 import itertools
 import os
-import statistics
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "client"))  # string_tensors: the clients' helper
-from string_tensors import string_rows  # noqa: E402
+from bench import load, stats
+from bench.load import LoadResult  # noqa: F401 - bench/perf.py's result, as its importers knew it
+from client.string_tensors import string_rows
+from client.triton_urls import default_url
 
 InputsFactory = Callable[[], list]  # returns fresh grpcclient.InferInput objects for one request
-
-
-@dataclass
-class LoadResult:
-    model: str
-    concurrency: int
-    seconds: float
-    latencies: list[float] = field(default_factory=list)  # seconds, successful requests only
-    errors: int = 0
-    rows_per_request: int = 1
-    first_error: str = ""
-    server: dict[str, dict] = field(default_factory=dict)  # model -> breakdown (see server_breakdown)
-
-    @property
-    def throughput(self) -> float:
-        """Inferences (batch rows) per second, as perf_analyzer counts them."""
-        return len(self.latencies) * self.rows_per_request / self.seconds
-
-    def percentile(self, p: float) -> float:
-        return float(np.percentile(self.latencies, p)) if self.latencies else float("nan")
 
 
 def stats_snapshot(client: grpcclient.InferenceServerClient, models: list[str]) -> dict:
@@ -84,40 +64,18 @@ def composing_models(client: grpcclient.InferenceServerClient, model: str) -> li
 
 
 async def _closed_loop(url: str, model: str, make_inputs: InputsFactory, concurrency: int,
-                       warmup: float, window: float, outputs: list[str] | None) -> tuple[list[float], int, str]:
+                       warmup: float, window: float, outputs: list[str] | None) -> load.Run:
     client = grpcaio.InferenceServerClient(url)
     requested = [grpcclient.InferRequestedOutput(o) for o in outputs] if outputs else None
-    latencies: list[float] = []
-    errors = 0
-    first_error = ""
-    start = time.perf_counter()
-    measure_from, measure_to = start + warmup, start + warmup + window
 
-    async def worker():
-        nonlocal errors, first_error
-        while True:
-            t0 = time.perf_counter()
-            if t0 >= measure_to:
-                return
-            try:
-                await client.infer(model, make_inputs(), outputs=requested)
-                ok = True
-            except Exception as e:  # noqa: BLE001 - counted and reported, the load goes on
-                ok, first_error = False, first_error or str(e)
-            t1 = time.perf_counter()
-            # every request that ends inside the window counts (as perf_analyzer counts responses):
-            # counting only those that also started inside it would undercount long requests
-            if measure_from <= t1 <= measure_to:
-                if ok:
-                    latencies.append(t1 - t0)
-                else:
-                    errors += 1
+    async def request(call: load.Call) -> None:
+        await client.infer(model, make_inputs(), outputs=requested)
 
     try:
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        # str(error): Triton's own "[StatusCode...] message", as the report has always printed it
+        return await load.run_async(request, concurrency, duration=window, warmup=warmup, describe_error=str)
     finally:
         await client.close()
-    return latencies, errors, first_error
 
 
 def run_load(url: str, model: str, make_inputs: InputsFactory, concurrency: int, window: float = 10.0,
@@ -128,11 +86,9 @@ def run_load(url: str, model: str, make_inputs: InputsFactory, concurrency: int,
     sync = grpcclient.InferenceServerClient(url)
     models = stats_models or [model] + composing_models(sync, model)
     before = stats_snapshot(sync, models)
-    latencies, errors, first_error = asyncio.run(
-        _closed_loop(url, model, make_inputs, concurrency, warmup, window, outputs))
+    run = asyncio.run(_closed_loop(url, model, make_inputs, concurrency, warmup, window, outputs))
     after = stats_snapshot(sync, models)
-    return LoadResult(model, concurrency, window, latencies, errors, rows_per_request, first_error,
-                      server_breakdown(before, after))
+    return LoadResult.of(model, concurrency, run, rows_per_request, server_breakdown(before, after))
 
 
 def format_report(result: LoadResult) -> str:
@@ -141,8 +97,8 @@ def format_report(result: LoadResult) -> str:
              f"    Request count: {len(result.latencies)}" + (f" (errors: {result.errors})" if result.errors else ""),
              f"    Throughput: {result.throughput:.1f} infer/sec"]
     if result.latencies:
-        lines += [f"    Avg latency: {statistics.fmean(result.latencies) * us:.0f} usec "
-                  f"(standard deviation {statistics.pstdev(result.latencies) * us:.0f} usec)"]
+        lines += [f"    Avg latency: {stats.mean(result.latencies) * us:.0f} usec "
+                  f"(standard deviation {stats.stdev(result.latencies) * us:.0f} usec)"]
         lines += [f"    p{p} latency: {result.percentile(p) * us:.0f} usec" for p in (50, 90, 95, 99)]
     if result.first_error:
         lines.append(f"    First error: {result.first_error[:200]}")
@@ -213,7 +169,8 @@ def text_inputs_factory(texts: list[str], name: str = "text", rows: int = 1) -> 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-m", "--model", required=True)
-    parser.add_argument("-u", "--url", default=os.environ.get("TRITON_GRPC_URL", "localhost:8001"))
+    parser.add_argument("-u", "--url", default=os.environ.get("TRITON_GRPC_URL"),
+                        help="default: the model's own server (codegen* on CODEGEN_GRPC_PORT, others on GRPC_PORT)")
     parser.add_argument("--concurrency", default="1,8,32", help="comma list or start:end:step")
     parser.add_argument("--window", type=float, default=10.0, help="measurement window, seconds")
     parser.add_argument("--warmup", type=float, default=2.0)
@@ -222,6 +179,7 @@ def main() -> int:
     parser.add_argument("--text-file", type=Path, help="one string input per line")
     parser.add_argument("--batch", type=int, default=1, help="rows per request")
     args = parser.parse_args()
+    args.url = args.url or default_url(args.model)
     if ":" in args.concurrency:
         start, end, *step = (int(x) for x in args.concurrency.split(":"))
         levels = list(range(start, end + 1, step[0] if step else 1))

@@ -17,7 +17,7 @@ own (their CPU is theirs, not the normal client's event loop), each from an addr
 Prints, per round and phase, the normal client's requests, p50 and errors, then the quiet/abused p50
 ratio and what the abusers got. Goal: 0 errors, p50 within 2x quiet. Exit status 1 when missed.
 
-    .venv/bin/python bench/stress_abuse.py [--seconds 15] [--rounds 2] [--concurrency 4] [--log-dir DIR]
+    .venv/bin/python -m bench.stress_abuse [--seconds 15] [--rounds 2] [--concurrency 4] [--log-dir DIR]
 """
 from __future__ import annotations
 
@@ -29,7 +29,6 @@ import json
 import multiprocessing
 import random
 import resource
-import statistics
 import struct
 import sys
 import tempfile
@@ -39,10 +38,8 @@ from pathlib import Path
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
-
-from stress_security import MODEL, keyed_stack  # noqa: E402
+from bench import load, stats
+from bench.stress_security import MODEL, keyed_stack
 
 KEYS = {"main": "gk-abuse-main-0123456789", "hog": "gk-abuse-hog-0123456789"}
 # one address per client, as on a network (the connection cap is per address): Linux routes 127.0.0.0/8 to lo
@@ -55,30 +52,22 @@ ABUSERS = ("hog", "flood", "png")
 # --- the normal client ---
 
 async def normal_client(base: str, seconds: float, concurrency: int) -> dict:
-    latencies, errors = [], collections.Counter()
+    """bench/load.py's closed loop for `seconds`: every request sent counts (the abuse is what is measured)."""
     headers = {"Authorization": f"Bearer {KEYS['main']}"}
-    stop = time.monotonic() + seconds
     connector = aiohttp.TCPConnector(limit=concurrency, local_addr=(NORMAL_ADDRESS, 0))
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30)) as session:
-        async def worker():
-            while time.monotonic() < stop:
-                body = {"model": MODEL, "input": f"a normal sentence {random.randrange(10**6)} about the sea"}
-                started = time.perf_counter()
-                try:
-                    async with session.post(f"{base}/v1/embeddings", json=body, headers=headers) as response:
-                        await response.read()
-                        status = response.status
-                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                    errors[type(exc).__name__] += 1
-                    continue
-                if status == 200:
-                    latencies.append(time.perf_counter() - started)
-                else:
-                    errors[str(status)] += 1
+        async def request(call: load.Call) -> None:
+            body = {"model": MODEL, "input": f"a normal sentence {random.randrange(10**6)} about the sea"}
+            async with session.post(f"{base}/v1/embeddings", json=body, headers=headers) as response:
+                await response.read()
+            if response.status != 200:
+                raise load.Failed(str(response.status))
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return {"requests": len(latencies) + sum(errors.values()), "errors": dict(errors),
-            "p50_ms": statistics.median(latencies) * 1000 if latencies else float("nan")}
+        run = await load.run_async(request, concurrency, duration=seconds,
+                                   describe_error=lambda e: str(e) if isinstance(e, load.Failed) else type(e).__name__)
+    errors = collections.Counter(r.error for r in run.every if not r.ok)
+    return {"requests": len(run.every), "errors": dict(errors), "p50_ms": stats.median(r.latency for r in run.every
+                                                                                      if r.ok) * 1000}
 
 
 # --- the abusers ---
@@ -234,8 +223,8 @@ def main() -> int:
             r = row[phase]
             print(f"| {row['round']} | {phase} | {r['requests']} | {r['p50_ms']:.2f} | {sum(r['errors'].values())} "
                   f"{r['errors'] or ''} |")
-    quiet_p50 = statistics.median(row["quiet"]["p50_ms"] for row in rows)
-    abused_p50 = statistics.median(row["abused"]["p50_ms"] for row in rows)
+    quiet_p50 = stats.median(row["quiet"]["p50_ms"] for row in rows)
+    abused_p50 = stats.median(row["abused"]["p50_ms"] for row in rows)
     errors = sum(sum(row["abused"]["errors"].values()) for row in rows)
     ratio = abused_p50 / quiet_p50
     print(f"p50 quiet {quiet_p50:.2f} ms, abused {abused_p50:.2f} ms: {ratio:.2f}x; "

@@ -13,7 +13,7 @@ front of a real Triton gets a mix of valid and invalid traffic at once, for `--s
 It counts every status per kind, and afterwards the gateway log's internal errors and unhandled
 exceptions. Exit status 1 when any answer was a 5xx other than 503 or the log has an internal error.
 
-    .venv/bin/python bench/stress_security.py [--seconds 30] [--concurrency 32] [--log-dir DIR]
+    .venv/bin/python -m bench.stress_security [--seconds 30] [--concurrency 32] [--log-dir DIR]
 """
 from __future__ import annotations
 
@@ -24,17 +24,14 @@ import contextlib
 import random
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
-
-from launcher.gateway_process import GatewayProcess  # noqa: E402
-from launcher.processes import free_port  # noqa: E402
-from launcher.triton_server import TritonServer  # noqa: E402
+from bench import load
+from launcher.gateway_process import GatewayProcess
+from launcher.processes import free_port
+from launcher.triton_server import TritonServer
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 KEYS = {"main": "gk-stress-main-0123456789", "tight": "gk-stress-tight-0123456789",
@@ -102,17 +99,21 @@ WEIGHTS = dict(zip(KINDS, (6, 3, 2, 1, 1, 2, 1, 1)))
 
 
 async def hammer(base: str, seconds: float, concurrency: int, kinds=KINDS) -> dict[str, collections.Counter]:
+    """bench/load.py's closed loop for `seconds`, each request of a kind drawn by WEIGHTS: kind -> answers."""
     counts: dict[str, collections.Counter] = {kind: collections.Counter() for kind in kinds}
     weights = [WEIGHTS[kind] for kind in kinds]
-    stop = time.monotonic() + seconds
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency),
                                      timeout=aiohttp.ClientTimeout(total=60)) as session:
-        async def worker():
-            while time.monotonic() < stop:
-                kind = random.choices(kinds, weights)[0]
-                counts[kind][await one(session, base, kind)] += 1
+        async def request(call: load.Call) -> tuple[str, str]:
+            kind = random.choices(kinds, weights)[0]
+            return kind, await one(session, base, kind)
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        run = await load.run_async(request, concurrency, duration=seconds)
+    for record in run.every:  # one() answers for every failure it expects: anything else ends the bench, as before
+        if not record.ok:
+            raise RuntimeError(f"stress request failed unexpectedly: {record.error}")
+        kind, answer = record.value
+        counts[kind][answer] += 1
     return counts
 
 

@@ -5,8 +5,9 @@ Each pipeline has bench/bench_<pipeline>.py with `run(ctx)` and, if its models a
 `[<pipeline>]`, a `MODELS` list of the models to load. The other bench_*.py are scripts of their own
 (`python bench/bench_<name>.py`). OPT_IN entries run only when named:
 
-    python bench/suite.py [--only text_embedding ner ...] [--quick]
+    python -m bench.suite [--only text_embedding ner ...] [--quick]
     make bench BENCH_ARGS="--only codegen_engines"     (issue 42's engines side by side: one round)
+    make bench BENCH_ARGS="--only perf_analyzer"       (Triton's perf_analyzer beside bench/perf.py, every ensemble)
 """
 from __future__ import annotations
 
@@ -19,12 +20,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "backends"), str(ROOT / "client"), str(ROOT / "bench")]
+import psutil
 
-from launcher.processes import free_port, process_tree  # noqa: E402
-from launcher.triton_server import TritonServer  # noqa: E402
-from perf import LoadResult, format_report  # noqa: E402
+from bench.perf import LoadResult, format_report
+from launcher.processes import free_port
+from launcher.triton_server import TritonServer
+from supervisor.processes import process_tree
+
+ROOT = Path(__file__).resolve().parent.parent
 
 ORDER = ["text_embedding", "ner", "food_captioning", "codegen"]
 # Run only when named with --only: what each costs is out of proportion to the rest of `make bench`
@@ -49,15 +52,11 @@ def memory_mib(pid: int) -> tuple[float, float, int]:
     pids = process_tree(pid)
     for p in pids:
         try:
-            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
-                key, value = line.split(":", 1) if ":" in line else (line, "")
-                if key == "Rss":
-                    rss += int(value.split()[0])
-                elif key == "Pss":
-                    pss += int(value.split()[0])
-        except OSError:
+            memory = psutil.Process(p).memory_full_info()  # smaps_rollup where the kernel has it
+        except psutil.Error:
             continue
-    return rss / 1024, pss / 1024, len(pids)
+        rss, pss = rss + memory.rss, pss + memory.pss
+    return rss / 2 ** 20, pss / 2 ** 20, len(pids)
 
 
 @dataclass
@@ -95,7 +94,7 @@ def main() -> int:
     if args.quick:
         args.window, args.warmup = min(args.window, 2.0), 0.5
     names = args.only or default_benches()
-    modules = {name: importlib.import_module(f"bench_{name}") for name in names}
+    modules = {name: importlib.import_module(f"bench.bench_{name}") for name in names}
     server = None
     models = [m for name, module in modules.items() for m in getattr(module, "MODELS", [name])]
     if args.url is None and models:  # none: each entry named starts the servers it measures (codegen_engines)

@@ -10,7 +10,7 @@ every configuration that beat it somewhere are measured again head to head, in r
 (shipped first, then last) so a steady drift falls on both alike; the in-process limit is measured again
 at the end.
 
-    python bench/sweep.py --pipelines text_embedding --window 5
+    python -m bench.sweep --pipelines text_embedding --window 5
 """
 from __future__ import annotations
 
@@ -25,17 +25,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from google.protobuf import json_format
+
+from bench.http_load import run_http_load
+from bench.model_repo import parse_config
+from bench.perf import run_load, text_inputs_factory
+from bench.suite import memory_mib
+from launcher.processes import free_port
+from launcher.triton_server import TritonServer
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "backends"), str(ROOT / "client"), str(ROOT / "bench")]
-
-from google.protobuf import json_format  # noqa: E402
-
-from bench.model_repo import parse_config  # noqa: E402
-from http_load import run_http_load  # noqa: E402
-from launcher.processes import free_port  # noqa: E402
-from launcher.triton_server import TritonServer  # noqa: E402
-from perf import run_load, text_inputs_factory  # noqa: E402
-from suite import memory_mib  # noqa: E402
 
 CONCURRENCY = (1, 8, 32)
 
@@ -66,14 +65,14 @@ class Pipeline:
 
 
 def _text_embedding() -> Pipeline:
-    from bench_text_embedding import corpus, limit
+    from bench.bench_text_embedding import corpus, limit
 
     return Pipeline("text_embedding", "text_embedding_encoder", "text", corpus, "/embed",
                     lambda item: {"texts": [item]}, ("onnx", "torch"), lambda: limit(2.0, (1, 32, 64)))
 
 
 def _ner() -> Pipeline:
-    from bench_ner import corpus, limit
+    from bench.bench_ner import corpus, limit
 
     return Pipeline("ner", "ner_tagger", "text", corpus, "/ner", lambda item: {"texts": [item]}, ("onnx", "torch"),
                     lambda: limit(6.0))
@@ -82,7 +81,7 @@ def _ner() -> Pipeline:
 def _food() -> Pipeline:
     import base64
 
-    from bench_food_captioning import limit, photos
+    from bench.bench_food_captioning import limit, photos
 
     # decoding and resizing the JPEGs, in Python, is what the networks wait for (2026-11-24: two preprocess
     # instances 1.55x one at c32; see its config): its instances vary, the runtime of both networks
@@ -138,7 +137,7 @@ def unload(client, pipeline: Pipeline) -> None:
 
 def run_peer(pipeline_name: str, pipeline: Pipeline, items: list, window: float, warmup: float) -> dict[int, object]:
     port = free_port()
-    process = subprocess.Popen([sys.executable, str(ROOT / "bench" / "peer_fastapi.py"), "--port", str(port),
+    process = subprocess.Popen([sys.executable, "-m", "bench.peer_fastapi", "--port", str(port),
                                 "--pipeline", pipeline_name], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
         import httpx
@@ -393,7 +392,7 @@ def main() -> int:
               "rounds (ABBA order).")
     compare = ""
     if not args.no_compare:
-        from compare_embeddings import compare as compare_embeddings
+        from bench.compare_embeddings import compare as compare_embeddings
 
         print("=== gateway vs direct gRPC vs peers (bench/compare_embeddings.py)", flush=True)
         compare = compare_embeddings(out_dir, args.compare_window, 2.0, args.rounds) + "\n"

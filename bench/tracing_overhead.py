@@ -1,6 +1,6 @@
 """What tracing costs the gateway's CPU per request when it is off, in this process (no sockets, no Triton):
 POST /v1/embeddings through the whole middleware stack and route, the engine a fake answering at once
-(tests/inprocess_gateway.py), timed in interleaved rounds:
+(bench/inprocess_gateway.py), timed in interleaved rounds:
 
 - `without layer`: the app's stack below gateway/middleware/tracing.py's RequestTrace (auth.py then makes
   the request id itself, as before tracing existed),
@@ -11,30 +11,26 @@ POST /v1/embeddings through the whole middleware stack and route, the engine a f
 The span helpers' own cost with tracing off is printed too (what engine, coalescing, tokens and the JSON
 parse call per request). Figures: the median of `rounds` per-request means, in microseconds.
 
-    python bench/tracing_overhead.py [--requests 2000] [--rounds 9]
+    python -m bench.tracing_overhead [--requests 2000] [--rounds 9]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult  # noqa: E402
+from bench import stats
+from bench.inprocess_gateway import inprocess_gateway
+from gateway.middleware.tracing import RequestTrace
+from gateway.telemetry import spans
+from gateway.telemetry.config import TelemetryOptions
+from gateway.telemetry.setup import tracer_provider
 
-from gateway.middleware.tracing import RequestTrace  # noqa: E402
-from gateway.telemetry import spans  # noqa: E402
-from gateway.telemetry.config import TelemetryOptions  # noqa: E402
-from gateway.telemetry.setup import tracer_provider  # noqa: E402
-from gateway_helpers import MINILM  # noqa: E402
-from inprocess_gateway import inprocess_gateway  # noqa: E402
-
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"  # the gateway's name for the shipped text_embedding
 BODY = b'{"model": "%s", "input": "A sentence of about the usual length to embed here."}' % MINILM.encode()
 
 
@@ -82,7 +78,7 @@ async def measure(requests: int, rounds: int) -> dict[str, float]:
                 for name in order:
                     figures[name].append(await per_request(stacks[name], apps[name], requests))
     provider.shutdown()
-    return {name: statistics.median(values) * 1e6 for name, values in figures.items()}
+    return {name: stats.median(values) * 1e6 for name, values in figures.items()}
 
 
 def helpers_us(n: int = 100_000) -> float:

@@ -2,14 +2,10 @@
 
 Each pipeline has one cheap good request and one bad request (which must be refused with
 INVALID_ARGUMENT); a Load runs N client threads in a loop and records every outcome with its times,
-so that failures can be set against the moments a stub was killed and healed.
-
-Its test images come from tests/food_images.py: the caller has tests/ on sys.path (pytest's conftest does;
-bench/soak.py adds it)."""
+so that failures can be set against the moments a stub was killed and healed. The clients are bench/load.py's
+(`Background`), on the wall clock (time.time(): the kills are timed on it)."""
 from __future__ import annotations
 
-import itertools
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -17,7 +13,10 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from bench import load
+from bench.images import encode, photo
 from client.string_tensors import string_rows
+from gateway.triton.engine import channel_args
 from supervisor.codegen_probe import request_inputs, stream_call, tensor
 
 
@@ -26,8 +25,6 @@ def _ints(name: str, values) -> grpcclient.InferInput:
 
 
 def _image() -> bytes:
-    from food_images import encode, photo
-
     return encode(photo(96, 96, seed=1), "JPEG")
 
 
@@ -90,51 +87,59 @@ class Load:
     outcomes: list[Outcome] = field(default_factory=list)
 
     def __post_init__(self):
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._counter = itertools.count(1)
         self._pipelines = pipelines()
+        self._clients: dict[int, grpcclient.InferenceServerClient] = {}
+        self._load = load.Background(self._request, self.concurrency, clock=time.time, describe_error=_described,
+                                     on_record=self._note,
+                                     # e.g. the server is down or restarting: do not spin on the shared box's cores
+                                     pause_after_error=lambda record: 0.0 if self._bad(record) else 0.1)
 
     def start(self) -> "Load":
-        for i in range(self.concurrency):
-            thread = threading.Thread(target=self._client, args=(self.names[i % len(self.names)],), daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self._load.start()
         return self
 
     def stop(self, grace_s: float | None = None) -> None:
         """Lets every request in flight finish (client timeout `timeout_s`); a client still stuck after the grace
         period (default: the timeout + 30 s) is recorded as a hung request, so that a hang never hides as a
         missing outcome."""
-        self._stop.set()
         grace_s = self.timeout_s + 30 if grace_s is None else grace_s
-        deadline = time.time() + grace_s
-        for i, thread in enumerate(self._threads):
-            thread.join(max(0.0, deadline - time.time()))
-            if thread.is_alive():
-                name = self.names[i % len(self.names)]
-                self.outcomes.append(Outcome(name, deadline - grace_s, time.time(), False, "HUNG: no answer at stop"))
+        stopped = time.time()
+        hung = self._load.stop(grace_s)
+        for worker in hung:
+            self.outcomes.append(Outcome(self._name(worker), stopped, time.time(), False, "HUNG: no answer at stop"))
+        for worker, client in self._clients.items():
+            if worker not in hung:  # a hung client's call still holds its channel
+                client.close()
 
-    def _client(self, name: str) -> None:
-        pipeline = self._pipelines[name]
-        client = grpcclient.InferenceServerClient(self.url)
-        while not self._stop.is_set():
-            bad = bool(self.bad_every) and next(self._counter) % self.bad_every == 0
-            start, error = time.time(), None
-            try:
-                inputs = pipeline.bad() if bad else pipeline.good()
-                if pipeline.stream:
-                    stream_call(client, pipeline.model, inputs, self.timeout_s)
-                else:
-                    client.infer(pipeline.model, inputs, client_timeout=self.timeout_s)  # a hang: DEADLINE_EXCEEDED
-            except InferenceServerException as exc:
-                error = f"{exc.status()}: {exc.message()}"
-            except Exception as exc:  # a client-side failure is an unexpected error too
-                error = f"{type(exc).__name__}: {exc}"
-            self.outcomes.append(Outcome(name, start, time.time(), bad, error, pipeline.refusal))
-            if error is not None and not bad:
-                time.sleep(0.1)  # e.g. the server is down or restarting: do not spin on the shared box's cores
-        client.close()
+    def _name(self, worker: int) -> str:
+        return self.names[worker % len(self.names)]
+
+    def _bad(self, call) -> bool:
+        """Every bad_every-th request started (counting from 1) is a bad one."""
+        return bool(self.bad_every) and (call.index + 1) % self.bad_every == 0
+
+    def _request(self, call: load.Call) -> None:
+        pipeline = self._pipelines[self._name(call.worker)]
+        client = self._clients.get(call.worker) or self._clients.setdefault(
+            # the gateway's short reconnect backoff: gRPC's own grows to seconds while a server restarts, and a
+            # request sent after the server is back would still fail to connect (CI saw it 1 s after)
+            call.worker, grpcclient.InferenceServerClient(self.url, channel_args=channel_args()))
+        inputs = pipeline.bad() if self._bad(call) else pipeline.good()
+        if pipeline.stream:
+            stream_call(client, pipeline.model, inputs, self.timeout_s)
+        else:
+            client.infer(pipeline.model, inputs, client_timeout=self.timeout_s)  # a hang: DEADLINE_EXCEEDED
+
+    def _note(self, record: load.Record) -> None:
+        name = self._name(record.worker)
+        self.outcomes.append(Outcome(name, record.start, record.end, self._bad(record), record.error,
+                                     self._pipelines[name].refusal))
 
     def unexpected(self) -> list[Outcome]:
         return [o for o in self.outcomes if not o.expected]
+
+
+def _described(error: BaseException) -> str:
+    if isinstance(error, InferenceServerException):
+        return f"{error.status()}: {error.message()}"
+    return f"{type(error).__name__}: {error}"  # a client-side failure is an unexpected error too

@@ -14,10 +14,9 @@ MODEL_PROFILE=demo: a small ResNet trained here on procedural pictures of the 11
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
-from build.common import ROOT, Progress, seed_everything, trained, version_dir
+from build.common import Progress, seed_everything, trained, version_dir
 from gateway.modelgen.onnx_export import export_blip_captioner, export_image_classifier
 
 BLIP_HUB_ID = "Salesforce/blip-image-captioning-base"
@@ -164,7 +163,6 @@ def write_tokenizer_json(captioner_dir: Path) -> None:
 
 def check_reproducible(processor_config: Path) -> None:
     """Fail the build, not the server's start, on an image processor the numpy stage does not reproduce."""
-    sys.path.insert(0, str(ROOT / "backends"))
     from image_preprocess.processors import ImageProcessor
 
     try:

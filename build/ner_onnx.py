@@ -11,16 +11,12 @@ Three graphs, because the char LMs run in time segments whose LSTM state the run
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
-from build.common import ROOT
-
-sys.path.insert(0, str(ROOT / "backends"))
-from ner_tagger.onnx_tagger import HEAD_FILE, OnnxNerTagger, char_lm_file  # noqa: E402
-from ner_tagger.rows import padded, sentence_rows  # noqa: E402
+from ner_tagger.onnx_tagger import HEAD_FILE, OnnxNerTagger, char_lm_file
+from ner_tagger.rows import padded, sentence_rows
 
 OPSET = 17
 

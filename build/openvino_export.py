@@ -7,9 +7,10 @@ Inference runs in f32 either way (the engine sets it: this CPU family would defa
 
 The export tools (optimum-intel, optimum, nncf) live in .export-tools/, outside .venv (launcher/setup.sh says
 why), so the export runs in a child process with them on its path: `python -m build.openvino_export SRC DEST
-WEIGHTS`. Its result is cached in .artifacts/openvino/<key>/, the key covering the source weights' bytes, this
+WEIGHTS`. Its result is kept in the machine's cache of built models (build/model_cache.py:
+$XDG_CACHE_HOME/triton-pipelines/openvino/gptj-<weights>/<key>/), the key covering the source weights' bytes, this
 file, the weight format and the versions of every library that writes the IR: the same inputs give the same
-bytes, so `make model` copies the cached IR instead of exporting again.
+bytes, so `make model` in any clone of the machine copies the cached IR instead of exporting again.
 """
 from __future__ import annotations
 
@@ -21,9 +22,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from build import model_cache
+
 ROOT = Path(__file__).resolve().parent.parent
 EXPORT_TOOLS = ROOT / ".export-tools"
-CACHE = ROOT / ".artifacts" / "openvino"
+CACHE_KIND = "openvino"  # build/model_cache.py's folder for the IR
 IR_FOLDER = "openvino"  # inside the generator's version folder (backends/gptj_generator/loading.py reads it)
 WEIGHTS_ENV = "CODEGEN_WEIGHTS"
 WEIGHT_FORMATS = ("fp32", "int8", "int4")
@@ -82,22 +85,21 @@ def export(src: Path, dest: Path, weights: str = "fp32") -> Path:
     """The model saved in `src` as OpenVINO IR in `dest` (emptied first): from the cache, or exported there."""
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"weights {weights!r}: choose one of {list(WEIGHT_FORMATS)}")
-    cached = CACHE / cache_key(Path(src), weights)
-    if not (cached / INFO_FILE).exists():
-        if not (EXPORT_TOOLS / "optimum").is_dir():
-            raise SystemExit(f"{EXPORT_TOOLS} has no export tools: run `make setup`")
-        work = cached.with_name(cached.name + ".partial")
-        shutil.rmtree(work, ignore_errors=True)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(EXPORT_TOOLS), str(ROOT)])}
-        subprocess.run([sys.executable, "-m", "build.openvino_export", str(src), str(work), weights],
-                       cwd=ROOT, env=env, check=True)
-        shutil.rmtree(cached, ignore_errors=True)
-        work.rename(cached)
-    else:
-        shown = cached.relative_to(ROOT) if cached.is_relative_to(ROOT) else cached  # CACHE may be moved (tests)
-        print(f"  OpenVINO IR ({weights}) reused from {shown}/", flush=True)
+    name, key = f"gptj-{weights}", cache_key(Path(src), weights)
     shutil.rmtree(dest, ignore_errors=True)
-    shutil.copytree(cached, dest)
+    Path(dest).mkdir(parents=True)
+    if model_cache.fetch(CACHE_KIND, name, key, Path(dest)):
+        print(f"  OpenVINO IR ({weights}) reused from {model_cache.entry(CACHE_KIND, name, key)}/", flush=True)
+        return dest
+    if not (EXPORT_TOOLS / "optimum").is_dir():
+        raise SystemExit(f"{EXPORT_TOOLS} has no export tools: run `make setup`")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(EXPORT_TOOLS), str(ROOT)])}
+    subprocess.run([sys.executable, "-m", "build.openvino_export", str(src), str(dest), weights],
+                   cwd=ROOT, env=env, check=True)
+    try:
+        model_cache.store(CACHE_KIND, name, key, Path(dest))
+    except OSError as error:  # a read-only cache costs the next build an export, no more
+        print(f"  OpenVINO IR ({weights}) not put in the cache {model_cache.root()}: {error}", flush=True)
     return dest
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from string_tensors import string_rows
+from client.string_tensors import string_rows
+from client.triton_urls import default_url
 
 
 def caption(client: grpcclient.InferenceServerClient, data: bytes) -> tuple[str, float, str]:
@@ -27,7 +28,8 @@ def caption(client: grpcclient.InferenceServerClient, data: bytes) -> tuple[str,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("images", nargs="+", type=Path)
-    parser.add_argument("--url", default="localhost:8001", help="Triton gRPC address")
+    parser.add_argument("--url", default=default_url("food_captioning"),
+                        help="Triton gRPC address (default: GRPC_PORT, 8001; client/triton_urls.py)")
     args = parser.parse_args()
     client = grpcclient.InferenceServerClient(args.url)
 

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway_calls import GatewayError, call
-from gateway_key import add_api_key_argument, auth_headers
+from client.gateway_calls import GatewayError, call
+from client.gateway_key import add_api_key_argument, auth_headers
+from client.triton_urls import default_url
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -56,7 +57,8 @@ def embed_gateway(url: str, model: str, texts: list[str], images: list[Path], lo
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("texts", nargs="*")
-    parser.add_argument("--url", default="localhost:8001", help="Triton gRPC address")
+    parser.add_argument("--url", default=default_url("text_embedding"),
+                        help="Triton gRPC address (default: GRPC_PORT, 8001; client/triton_urls.py)")
     parser.add_argument("--gateway", metavar="URL", help="use the HTTP gateway at URL (e.g. http://localhost:8080)")
     parser.add_argument("--model", default=DEFAULT_MODEL, help="model name for --gateway")
     parser.add_argument("--image", type=Path, nargs="*", default=[], help="image files (with --gateway, CLIP)")

@@ -1,6 +1,6 @@
 """Complete code with the served codegen pipelines over gRPC.
 
-    python client/generate.py "def fibonacci(n):" --max-tokens 64 [--stream] [--url localhost:8001]
+    python client/generate.py "def fibonacci(n):" --max-tokens 64 [--stream] [--url localhost:8011]
 
 Unary calls `codegen`; --stream calls `codegen_stream` and prints each piece as it arrives.
 """
@@ -15,7 +15,8 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from gateway_key import add_api_key_argument
+from client.gateway_key import add_api_key_argument
+from client.triton_urls import default_url
 
 
 def request_inputs(prompt: str, max_tokens: int, temperature: float | None = None, top_k: int | None = None,
@@ -95,7 +96,8 @@ def main() -> int:
     parser.add_argument("--top-p", type=float)
     parser.add_argument("--seed", type=int)
     parser.add_argument("--stop", action="append", help="stop word (repeatable); the output ends before it")
-    parser.add_argument("--url", default="localhost:8001", help="Triton gRPC address")
+    parser.add_argument("--url", default=default_url("codegen"),
+                        help="Triton gRPC address (default: CODEGEN_GRPC_PORT, 8011; client/triton_urls.py)")
     add_api_key_argument(parser)
     parser.add_argument("--openai", metavar="URL", help="call the gateway's /v1/completions with the openai SDK "
                                                         "instead, e.g. http://localhost:8080/v1 (no --top-k there)")

@@ -11,7 +11,8 @@ import sys
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from string_tensors import string_rows
+from client.string_tensors import string_rows
+from client.triton_urls import default_url
 
 
 def entities(url: str, texts: list[str]) -> list[list[dict]]:
@@ -36,7 +37,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("texts", nargs="+")
     parser.add_argument("--json", action="store_true", help="print the raw JSON of each row, one per line")
-    parser.add_argument("--url", default="localhost:8001", help="Triton gRPC address")
+    parser.add_argument("--url", default=default_url("ner"),
+                        help="Triton gRPC address (default: GRPC_PORT, 8001; client/triton_urls.py)")
     args = parser.parse_args()
     try:
         rows = entities(args.url, args.texts)

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway_calls import GatewayError, call
-from gateway_key import add_api_key_argument, auth_headers
+from client.gateway_calls import GatewayError, call
+from client.gateway_key import add_api_key_argument, auth_headers
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp"}
 PATTERNS = ("plain", "hstripes", "vstripes", "checker", "circle", "diagonal", "dots", "gradient")

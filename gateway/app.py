@@ -8,7 +8,7 @@ import inspect
 import os
 from contextlib import AsyncExitStack, asynccontextmanager
 
-from fastapi import Depends, FastAPI
+from fastapi import FastAPI
 
 from gateway import errors, middleware
 from gateway.middleware.auth import check_exposure
@@ -20,7 +20,7 @@ from gateway.search.collections import Collections
 from gateway.settings import Settings
 from gateway.telemetry.config import TelemetryOptions
 from gateway.telemetry.log_format import configure_logging  # noqa: F401 - `python -m gateway` calls it from here
-from gateway.triton.engine import TritonEngine
+from gateway.triton.domains import engines_for
 from gateway.triton.server_watch import ServerWatch
 
 
@@ -36,7 +36,7 @@ def create_app(settings: Settings | None = None, telemetry: TelemetryOptions | N
     async def lifespan(app: FastAPI):
         routes.check_complete()
         async with AsyncExitStack() as stack:
-            app.state.engine = TritonEngine(settings.triton_grpc_url, settings.request_timeout_s)
+            app.state.engine = engines_for(settings)  # one engine per Triton server (failure domain)
             stack.push_async_callback(app.state.engine.close)
             stack.push_async_callback(app.state.quotas.close)
             app.state.models = make_registry(settings, app.state.engine)  # shared through Redis with REDIS_URL
@@ -66,8 +66,7 @@ def create_app(settings: Settings | None = None, telemetry: TelemetryOptions | N
     app.state.extra_model_ids = []  # other model families (completions) list their ids here
     for router in (health.router, models.router, embeddings.router, seed.router):
         app.include_router(router)
-    # tokens per minute per key, counted before the route runs
-    app.include_router(completions.router, dependencies=[Depends(app.state.quotas.charge_tokens)])
+    app.include_router(completions.router)  # it charges a key's tokens per minute itself, once it has read the body
     app.include_router(collections.router)
     app.include_router(pipelines.router)
     ui.install(app)  # /ui: static page over the public API

@@ -59,6 +59,9 @@ class NotFound(ApiError):
 
 
 class Conflict(ApiError):
+    """The request is well formed but conflicts with the state of what it names: a model shipped with the
+    server (cannot be unloaded), a model of another kind, `dimensions` over the named model's own, a vector
+    of another dimension than its collection's, a collection that exists with other settings."""
     status, type = 409, "conflict_error"
 
 
@@ -150,6 +153,16 @@ class HubUnreachable(HubError, status=502, type="hub_unreachable_error", code="h
 
 class HubDownloadTimeout(HubError, status=504, type="timeout_error", code="hub_download_timeout"):
     """The download took longer than HUB_DOWNLOAD_TIMEOUT_S (stopped; a later load resumes it)."""
+
+
+def responses(*rules: tuple[type[ApiError], str]) -> dict[int, dict]:
+    """A route's `responses=`: the refusals that depend on state (which models are loaded, what a
+    collection holds), each status with the rules that give it, so the OpenAPI document lists them
+    (gateway/pages/openapi.py adds the error body)."""
+    whys: dict[int, list[str]] = {}
+    for cls, why in rules:
+        whys.setdefault(cls.status, []).append(why)
+    return {status: {"description": "; ".join(texts)} for status, texts in whys.items()}
 
 
 def internal(exc: BaseException, where: str = "") -> Internal:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from launcher.keeper import Keeper, RestartPolicy
 from launcher.paths import ROOT
-from launcher.processes import terminate
+from launcher.processes import RunRecord, claim_ports, terminate
 from launcher.service import Service, answers, spawn
 
 
@@ -35,6 +35,9 @@ class GatewayProcess(Service):
         self.env.update(env or {})
         self.command = [sys.executable, "-m", "gateway"]
         self.process: subprocess.Popen | None = None
+        # which gateway this data folder's launcher started last: one a killed launcher left behind on the port
+        # is stopped by the next start (launcher/processes.py claim_ports)
+        self.record = RunRecord(self.data_dir / "run" / "gateway.pid")
 
     @property
     def url(self) -> str:
@@ -42,8 +45,11 @@ class GatewayProcess(Service):
         return f"http://{host}:{self.port}"
 
     def launch(self) -> None:
-        """Starts the process without waiting for it to answer."""
+        """Starts the process without waiting for it to answer, once its port is free: a holder is named
+        (PortTaken), or stopped when a previous run of this data folder left it behind."""
+        claim_ports(self.host, [self.port], self.record, self.name, say=lambda line: print(line, flush=True))
         self.process = spawn(self.command, self.log_file, cwd=ROOT, env=self.env)
+        self.record.write(self.process.pid)
 
     def is_up(self) -> bool:
         return answers(f"{self.url}/openapi.json")

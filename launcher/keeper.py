@@ -8,19 +8,36 @@ mutex aborts the whole server), so the process above it heals what it cannot. A 
 restarts within `window_s`) gives up: `failure` says why, naming the last exit cause, `on_give_up` runs and
 `watch` raises CrashLoop with the last lines of the log.
 
-`step()` is one look and blocks only while a service starts; `watch()` repeats it until a stop (`make
-triton`'s main thread; `start_watching` runs it in a thread); the cluster steps all its keepers from one loop.
-The service is a Service (service.py); a subclass adapts another surface (server_keeper.py)."""
+A stop means stop: once `request_stop()` has returned, the keeper starts nothing more, whatever the order in
+which a death and the stop arrive. The stop's check and the spawn are one step under `_spawning` (a stop
+requested meanwhile waits the few milliseconds of a spawn), and a spawn interrupted by a stop on its own thread
+(a signal handler) is stopped at once. Every process a keeper started is remembered by its identity:
+`kill_all()` (safe from a signal handler) and, at the interpreter's exit, `kill_everything_started()` kill
+whichever of them, or of their process groups, still run, so that no keeper's child outlives the launcher.
+
+Its lines state each outage from the death to serving again, with the restarts it took ("down from 12:00:01.2
+to 12:00:28.1, 26.9s, 2 restarts tried"), and a start that dies names the last error line of its log.
+
+`step()` is one look and never waits for a start; `watch()` repeats it until a stop (`make triton`'s main
+thread; `start_watching` runs it in a thread); the cluster steps all its keepers from one loop. The service is
+a Service (service.py); a subclass adapts another surface (server_keeper.py)."""
 from __future__ import annotations
 
+import atexit
 import logging
+import os
+import re
 import signal
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from launcher.processes import PortTaken, kill_members
+from supervisor.processes import Identity, identity, still_runs
 
 log = logging.getLogger("launcher.keeper")
 
@@ -77,10 +94,48 @@ class Restart:
     cause: str
     up_at: float | None = None  # unix time the new process answered
     start_s: float | None = None  # its launch to up (a server's model loads at start included)
+    down_since: float | None = None  # unix time of the death that began this outage (an earlier try's, if it failed)
+    tries: int = 0  # starts tried in this outage, once up (1: the first restart served)
+
+    def __post_init__(self):
+        if self.down_since is None:
+            self.down_since = self.died_at
 
     @property
     def ready_at(self) -> float | None:
         return self.up_at
+
+    @property
+    def outage_s(self) -> float | None:
+        """From the death that began the outage to serving again: what the clients saw."""
+        return None if self.up_at is None else self.up_at - self.down_since
+
+
+def clock(unix: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(unix)) + f".{int(unix * 10) % 10}"
+
+
+ERROR_LINE = re.compile(r"\berror\b|^E\d{4} |failed|already in use|^Signal \(\d+\) received", re.IGNORECASE)
+
+
+def last_error_line(path: Path | None, lines: int = 40, harmless: tuple[str, ...] = ()) -> str:
+    """The last line of the log's tail that reads as an error, but for the `harmless` ones: why a start died,
+    in the keeper's own line."""
+    found = [line.strip() for line in log_tail(path, lines).splitlines()
+             if ERROR_LINE.search(line) and not any(expected in line for expected in harmless)]
+    return found[-1][:300] if found else ""
+
+
+_keepers: "weakref.WeakSet[Keeper]" = weakref.WeakSet()
+
+
+def kill_everything_started() -> None:
+    """Kills whatever any keeper of this process started and still runs (atexit: the last line of defence)."""
+    for keeper in list(_keepers):
+        keeper.kill_all()
+
+
+atexit.register(kill_everything_started)
 
 
 def log_tail(path: Path | None, lines: int = 15) -> str:
@@ -95,14 +150,17 @@ def log_tail(path: Path | None, lines: int = 15) -> str:
 class Keeper:
     """Keeps `service` (a started Service) running. `on_down(cause)` runs when a death is seen, before the
     reaping; `on_up()` once the new process answers; `on_give_up(message)` on a crash loop. `say` takes the
-    keeper's lines (default: this module's logger). `_lock` is held while the process is reaped or launched,
-    so that a stop taking it (GatewayKeeper's, which signals the process) never races a restart."""
+    keeper's lines (default: this module's logger). `_spawning` is held while a start is decided and spawned,
+    and `request_stop` waits for it (module docstring); `_lock` while the process is reaped or stopped, so that
+    a stop taking it (GatewayKeeper's, which signals the process) never races the reaping. When both are
+    held, `_spawning` is taken first."""
 
     name = "process"  # in its lines and messages: "<name> is down (killed by SIGKILL)"
     prefix = "launcher"  # its lines start "<prefix>: "
     restart_clean_exit = True  # False: an exit with code 0 ends the watch (tritonserver exits 0 only when told)
     clean_exit_counts = True  # False: a clean exit is started again at once, outside the crash-loop count
     note_every_s: float | None = None  # how often `note` runs while the process runs
+    harmless_lines: tuple[str, ...] = ()  # error-looking log lines that never explain a death
     reap_timeout_s = 10.0
     poll_s = 0.1
 
@@ -120,8 +178,13 @@ class Keeper:
         self.exit_code: int | None = None
         self._stop = threading.Event()
         self._lock = threading.RLock()
+        self._spawning = threading.RLock()
+        self.started: list[Identity] = []  # every process this keeper started: kill_all's list
         self._thread: threading.Thread | None = None
         self._due = self._launched = self._noted = 0.0
+        self._down_since: float | None = None  # the death that began the current outage (unix time)
+        self._tries = 0  # starts tried since then
+        _keepers.add(self)
 
     # -- the service's part: a subclass adapts another surface
     @property
@@ -129,7 +192,12 @@ class Keeper:
         return self.service.process
 
     def launch(self) -> None:
+        """Starts the process again (a restart), without waiting for it to answer."""
         self.service.launch()
+
+    def launch_first(self) -> None:
+        """The first start's launch (a subclass: a fresh log rather than an appended one)."""
+        self.launch()
 
     def is_up(self) -> bool:
         return self.service.is_up()
@@ -154,10 +222,16 @@ class Keeper:
         """Why a start failed, without the log's name (the keeper's messages name it once)."""
         if isinstance(exc, TimeoutError):
             return "not ready in time while starting"
+        if isinstance(exc, PortTaken):
+            return f"not started: {exc}"
         code = getattr(self.service, "last_exit_code", None)
         if code is not None:
-            return f"died while starting: {describe_exit(code)}"
-        return f"died while starting: {str(exc).split(' (log: ')[0]}"
+            return f"died while starting: {describe_exit(code)}{self._log_reason()}"
+        return f"died while starting: {str(exc).split(' (log: ')[0]}{self._log_reason()}"
+
+    def _log_reason(self) -> str:
+        line = last_error_line(self.log_file(), harmless=self.harmless_lines)
+        return f": {line}" if line else ""
 
     # -- stopping
     @property
@@ -165,8 +239,27 @@ class Keeper:
         return self._stop.is_set()
 
     def request_stop(self) -> None:
-        """No restart from now on (safe from a signal handler): the next exit is the last."""
+        """No start from now on (safe from a signal handler): the next exit is the last. Returns once no spawn is
+        under way on another thread (a spawn takes milliseconds; one on this thread, interrupted by a signal
+        handler, is stopped by `_spawn` itself)."""
         self._stop.set()
+        with self._spawning:
+            pass
+
+    def kill_all(self) -> None:
+        """SIGKILL to every process this keeper started that still runs, and to its process group's members
+        (a server's stubs): the launcher's second signal and its exit. Safe from a signal handler: no lock."""
+        current = self.process
+        known = list(self.started)
+        if current is not None and current.pid not in {pid for pid, _ in known}:
+            known.append(identity(current.pid) or (current.pid, 0.0))
+        for pid, started in known:
+            if still_runs((pid, started)):  # itself, group leader or not
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            kill_members(pid, started, timeout=0)  # its group: a server's stubs
 
     # -- the skeleton
     def step(self) -> bool:
@@ -184,13 +277,14 @@ class Keeper:
             if self.is_up():
                 self._up()
             elif code is not None:
-                self._down(f"died while starting: {describe_exit(code)}")
+                self._down(f"died while starting: {describe_exit(code)}{self._log_reason()}")
             elif now - self._launched > self.start_timeout_s:
                 self._down("not ready in time while starting")
             else:
                 return False
             return True
         if code is None:
+            self._adopt()  # a process started outside the keeper (the launcher's first start of the gateway)
             if self.note_every_s is not None and now - self._noted >= self.note_every_s:
                 self.note()
                 self._noted = now
@@ -206,10 +300,15 @@ class Keeper:
         return True
 
     def start(self, timeout: float | None = None) -> None:
-        """The first start, kept like a restart: a process that dies or hangs while starting is started again."""
+        """The first start, kept like a restart: a process that dies or hangs while starting is started again.
+        Starts nothing once a stop was requested (then `process` stays None)."""
         try:
-            self.service.start(timeout=timeout or self.start_timeout_s)
+            if not self._spawn(self.launch_first):
+                return
+            self.service.wait_ready(timeout or self.start_timeout_s)
         except Exception as exc:
+            with self._lock:
+                self.service.stop()  # as Service.start does: nothing half-started is left
             if self._stop.is_set():
                 raise
             self._down(self.starting_failure(exc))
@@ -235,13 +334,20 @@ class Keeper:
             self._stop.wait(self.poll_s)
 
     def _down(self, cause: str, counted: bool = True) -> None:
-        self.restarts.append(Restart(time.time(), cause))
+        died_at = time.time()
+        if self._down_since is None:
+            self._down_since, self._tries = died_at, 0
+        self.restarts.append(Restart(died_at, cause, down_since=self._down_since))
         self.say(f"{self.prefix}: {self.name} is down ({cause}){self._log_hint()}")
         if self.on_down:
             self.on_down(cause)
         with self._lock:
             self.reap()
         now = time.monotonic()
+        if self._stop.is_set():  # the stop came with the death: nothing is started again
+            self.say(f"{self.prefix}: {self.name} not restarted: stopping")
+            self.state = DOWN
+            return
         delay = self.policy.next_delay(now) if counted else 0.0
         if delay is None:
             self.failure = (f"{self.name} crash loop: {self.policy.max_restarts} restarts within "
@@ -253,25 +359,53 @@ class Keeper:
         self.say(f"{self.prefix}: restarting {self.name} in {delay:.1f}s")
         self.state, self._due = DOWN, now + delay
 
-    def _launch(self) -> bool:
-        with self._lock:
+    def _spawn(self, launch: Callable[[], None]) -> bool:
+        """The stop's check and the spawn, as one step (`_spawning`): False, and nothing started, once a stop was
+        requested. A stop that a signal handler requested on this very thread while it spawned finds the process
+        started: it is stopped here, at once."""
+        with self._spawning:
             if self._stop.is_set():
                 return False
             self._launched = time.monotonic()
+            self._tries += 1
             try:
-                self.launch()
-            except Exception as exc:  # it died or hung while starting: counts as one more crash
-                if not self._stop.is_set():
-                    self._down(self.starting_failure(exc))
-                return True
-            self.state = STARTING
+                launch()
+            finally:
+                self._adopt()
+            if self._stop.is_set():
+                with self._lock:
+                    self.service.stop()
+                return False
+        return True
+
+    def _adopt(self) -> None:
+        """Remembers the current process by its identity (kill_all)."""
+        process = self.process
+        if process is not None and (not self.started or self.started[-1][0] != process.pid):
+            found = identity(process.pid)
+            if found is not None:
+                self.started.append(found)
+
+    def _launch(self) -> bool:
+        try:
+            if not self._spawn(self.launch):
+                return False
+        except Exception as exc:  # it died or hung while starting: counts as one more crash
+            if not self._stop.is_set():
+                self._down(self.starting_failure(exc))
+            return True
+        self.state = STARTING
         return True
 
     def _up(self) -> None:
         restart = self.restarts[-1]
-        restart.start_s, restart.up_at = time.monotonic() - self._launched, time.time()
+        restart.start_s, restart.up_at, restart.tries = time.monotonic() - self._launched, time.time(), self._tries
+        self._down_since = None
         self.state = RUNNING
-        self.say(f"{self.prefix}: {self.name} restarted, up in {restart.start_s:.1f}s (pid {self.process.pid})")
+        self.say(f"{self.prefix}: {self.name} serving again (pid {self.process.pid}): down from "
+                 f"{clock(restart.down_since)} to {clock(restart.up_at)}, {restart.outage_s:.1f}s, "
+                 f"{restart.tries} restart{'s' if restart.tries != 1 else ''} tried; this start took "
+                 f"{restart.start_s:.1f}s")
         if self.on_up:
             self.on_up()
 
@@ -296,7 +430,10 @@ class Keeper:
             self._thread.join(timeout)
 
     def stop(self) -> None:
-        """Stop watching, then stop the process (reaping what it started)."""
+        """Stop watching, then stop the process (reaping what it started), then kill anything it ever started
+        that still runs."""
         self.request_stop()
         self.join(120)
-        self.service.stop()
+        with self._lock:
+            self.service.stop()
+        self.kill_all()

@@ -9,10 +9,10 @@ PYTHON=${PYTHON:-python3}
 VENV=.venv
 GPU=${GPU:-0}
 if [ "$GPU" = 1 ]; then
-  stamp_of() { { cat requirements.txt constraints.txt requirements-gpu.txt launcher/setup.sh; echo GPU=1; } \
+  stamp_of() { { cat requirements.txt constraints.txt requirements-gpu.txt pyproject.toml launcher/setup.sh; echo GPU=1; } \
     | sha256sum | cut -d' ' -f1; }
 else
-  stamp_of() { cat requirements.txt constraints.txt launcher/setup.sh | sha256sum | cut -d' ' -f1; }
+  stamp_of() { cat requirements.txt constraints.txt pyproject.toml launcher/setup.sh | sha256sum | cut -d' ' -f1; }
 fi
 want=$(stamp_of)
 
@@ -49,6 +49,12 @@ else
   "$PIP" install --quiet torch==2.13.0
   echo "setup: installing the rest in one resolver run"
   "$PIP" install --quiet -c constraints.txt -r requirements.txt
+fi
+# The tree itself, editable (pyproject.toml): every room and stage imports by its name, no sys.path edits.
+# An image's dependency layer runs this before the tree is copied in: its Dockerfile installs it after the copy.
+if [ -d gateway ] && [ -d backends/stage_common ]; then
+  "$PIP" install --quiet "setuptools>=68"  # the build backend pyproject.toml names (a 3.12 venv has none)
+  "$PIP" install --quiet --no-deps --no-build-isolation -e .
 fi
 "$PIP" check
 # The OpenVINO export tools `make model` runs (build/openvino_export.py, with PYTHONPATH=.export-tools), with

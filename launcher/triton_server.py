@@ -15,9 +15,11 @@ import sysconfig
 from pathlib import Path
 
 from gateway.telemetry.config import TRITON_SERVICE
+from launcher.exposure import key_channel
 from launcher.paths import BACKENDS, MODEL_REPOSITORY
-from launcher.processes import SHM_GLOB, process_group, process_tree, shm_regions_mapped
+from launcher.processes import lower_session_priority
 from launcher.service import Service, answers, spawn
+from supervisor.processes import SHM_GLOB, TreeRegions, process_group, process_tree, shm_regions_mapped
 
 
 def tritonserver_binary() -> Path:
@@ -65,8 +67,9 @@ class TritonServer(Service):
                  model_repository=MODEL_REPOSITORY, explicit_models: list[str] | None = None,
                  log_file: Path | None = None, extra_args: list[str] | None = None,
                  extra_repositories: list[Path] | None = None, metrics_host: str | None = None,
-                 traces_url: str | None = None, env: dict[str, str] | None = None):
+                 traces_url: str | None = None, env: dict[str, str] | None = None, nice: int = 0):
         self.host, self.http_port, self.grpc_port, self.metrics_port = host, http_port, grpc_port, metrics_port
+        self.nice = nice  # CPU priority below the box's others (launcher/domains.py: the codegen server's)
         self.env = dict(env or {})  # more environment for the server and its stubs (e.g. SUPERVISOR_STATE_FILE)
         self.traces_url = traces_url  # OTLP/HTTP: Triton traces the requests that carry a W3C context
         self.metrics_host = metrics_host or host  # metrics are read-only: scrapers may reach them off loopback
@@ -79,7 +82,7 @@ class TritonServer(Service):
         self.process: subprocess.Popen | None = None
         self.last_exit_code: int | None = None  # the previous process's, once stopped (launcher/server_keeper.py)
         self._shm_before: set[str] = set()
-        self._shm_seen: set[str] = set()  # regions this server's processes mapped, as of the last note
+        self._shm_seen = TreeRegions()  # regions this server's processes mapped, as of the last note
 
     @property
     def client_host(self) -> str:
@@ -121,7 +124,8 @@ class TritonServer(Service):
         if self.explicit_models is not None:
             cmd.append("--model-control-mode=explicit")
             cmd += [f"--load-model={m}" for m in self.explicit_models]
-        return cmd + trace_args(self.traces_url) + self.extra_args
+        nice = ["nice", "-n", str(self.nice)] if self.nice else []
+        return nice + cmd + trace_args(self.traces_url) + self.extra_args
 
     def launch(self, append_log: bool = False) -> None:
         """`append_log`: a restart (launcher/server_keeper.py) adds to the log instead of replacing it."""
@@ -133,7 +137,10 @@ class TritonServer(Service):
         env = {**server_env(), **self.env}
         if self.traces_url:  # the stages' own spans (stage_common/tracing.py) go where Triton's go
             env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = self.traces_url
-        self.process = spawn(self.command(), self.log_file, append=append_log, env=env)
+        command, env = key_channel(self.command(), env)  # the admin key off the command line (exposure.py)
+        self.process = spawn(command, self.log_file, append=append_log, env=env)
+        if self.nice:
+            lower_session_priority(self.process.pid, self.nice)
 
     def is_up(self) -> bool:
         return answers(f"http://{self.http_url}/v2/health/ready")
@@ -151,12 +158,12 @@ class TritonServer(Service):
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         # a server that died (kill -9, abort) leaves its stubs re-parented but still in its process group
-        self._shm_seen |= shm_regions_mapped(process_group(self.process.pid))
+        seen = self._shm_seen.regions | shm_regions_mapped(process_group(self.process.pid))
         try:  # stubs share the server's session: make sure none outlives it
             os.killpg(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        for region in self._shm_seen - self._shm_before:
+        for region in seen - self._shm_before:
             Path(region).unlink(missing_ok=True)
         self._shm_seen.clear()
         self.last_exit_code = self.process.returncode
@@ -168,7 +175,7 @@ class TritonServer(Service):
         end), and once the server has exited its processes can no longer be asked. Only this server's:
         other servers on the box (tests, soak) create theirs meanwhile."""
         if self.process is not None:
-            self._shm_seen |= shm_regions_mapped(process_tree(self.process.pid))
+            self._shm_seen.note(process_tree(self.process.pid))
 
     def wait(self, note_every_s: float = 2.0) -> int:
         """Waits for the server to exit, noting its regions meanwhile; returns its exit code."""
@@ -179,6 +186,6 @@ class TritonServer(Service):
                 self.note_regions()
 
 
-def shipped_models() -> list[str]:
+def shipped_models(repository: Path = MODEL_REPOSITORY) -> list[str]:
     """Every model folder of model_repository/: what `make triton` loads at start (explicit mode)."""
-    return sorted(p.parent.name for p in MODEL_REPOSITORY.glob("*/config.pbtxt"))
+    return sorted(p.parent.name for p in Path(repository).glob("*/config.pbtxt"))

@@ -1,7 +1,7 @@
 """The launcher's canaries: one cheap request per BLS front, whose stub can hang while staying alive.
 
 Triton 2.51's python_backend stub can deadlock in a BLS front (docs/operations.md: "A python_backend bug"): the process
-lives on, so the /proc scan sees nothing, but it never answers again. A canary raises when its front gives no
+lives on, so the stub scan sees nothing, but it never answers again. A canary raises when its front gives no
 final answer in time; the supervisor heals after repeated failures. Every pipeline with a BLS front has one:
 codegen_stream (decoupled) and codegen_collect (the unary codegen's BLS step).
 

@@ -5,7 +5,7 @@ supervisor reloads the model with its own current configuration as an override, 
 applies (new stubs, ~2 s; the ensembles that use the model keep their READY state). Until the model is
 healed, it and the ensembles that use it are written to the state file that the gateway's /health reads.
 
-A hung stub stays alive, so the /proc scan cannot see it: canaries (a call per model that raises when the model
+A hung stub stays alive, so the stub scan cannot see it: canaries (a call per model that raises when the model
 does not answer) run on their own thread, so that one blocked for its timeout never delays the scan, and a
 model whose canary fails `canary_failures` times in a row is healed like a dead one."""
 from __future__ import annotations
@@ -19,7 +19,8 @@ from pathlib import Path
 
 from supervisor.orphans import Orphans, read_in_flight, read_stuck_calls
 from supervisor.state import write_state
-from supervisor.stubs import StubTracker, expected_instances, of_model, scan_stub_pids, start_time
+from supervisor.processes import start_time
+from supervisor.stubs import StubTracker, expected_instances, of_model, scan_stub_pids
 
 log = logging.getLogger("supervisor")
 CANARY_FAILED = "canary failed: "  # the reason of a heal that a canary asked for

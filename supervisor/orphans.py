@@ -21,25 +21,25 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from supervisor.stubs import cpu_ticks
+from supervisor.processes import cpu_time
 
 
 @dataclass
 class _Orphan:
     model: str
     adopted: float  # monotonic time of the heal
-    ticks: int | None  # CPU ticks at the last change seen
+    cpu: float | None  # CPU seconds at the last change seen
     changed: float  # monotonic time of that change
 
 
 class Orphans:
     def __init__(self, idle_s: float = 5.0, max_age_s: float = 120.0,
-                 ticks: Callable[[int], int | None] = cpu_ticks,
+                 cpu: Callable[[int], float | None] = cpu_time,
                  kill: Callable[[int], None] = lambda pid: os.kill(pid, signal.SIGKILL),
                  clock: Callable[[], float] = time.monotonic,
                  in_flight: Callable[[], dict[int, int]] | None = None):
         self.idle_s, self.max_age_s = idle_s, max_age_s
-        self._ticks, self._kill, self._clock = ticks, kill, clock
+        self._cpu, self._kill, self._clock = cpu, kill, clock
         self._in_flight = in_flight  # () -> {stub pid: requests in flight} of the stubs that count them
         self._orphans: dict[int, _Orphan] = {}
 
@@ -49,7 +49,7 @@ class Orphans:
     def adopt(self, model: str, pids: set[int]) -> None:
         now = self._clock()
         for pid in pids:
-            self._orphans[pid] = _Orphan(model, now, self._ticks(pid), now)
+            self._orphans[pid] = _Orphan(model, now, self._cpu(pid), now)
 
     def kill_now(self, pids: set[int]) -> list[int]:
         """Kill these stubs without waiting (a hung front's: nothing they hold can finish); the killed pids."""
@@ -69,12 +69,12 @@ class Orphans:
         now, killed = self._clock(), []
         counts = self._counts() if self._orphans else {}
         for pid, orphan in list(self._orphans.items()):
-            ticks = self._ticks(pid) if pid in live else None
-            if ticks is None:  # exited: Triton unloaded the old version after all
+            cpu = self._cpu(pid) if pid in live else None
+            if cpu is None:  # exited: Triton unloaded the old version after all
                 del self._orphans[pid]
                 continue
-            if ticks != orphan.ticks:
-                orphan.ticks, orphan.changed = ticks, now
+            if cpu != orphan.cpu:
+                orphan.cpu, orphan.changed = cpu, now
             if pid in counts:  # the stub's own count: CPU time says nothing of a wait on a callee
                 if counts[pid] == 0:
                     why = "no request in flight"

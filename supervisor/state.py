@@ -1,4 +1,5 @@
-"""The supervisor's published state: a small JSON file written atomically, read by the gateway's /health.
+"""The supervisor's published state: a small JSON file written atomically, read by the gateway's /health
+(gateway/supervisor_state.py: the file is the interface, the gateway imports nothing of the supervisor).
 
 {"unhealthy": {"<triton model>": "<reason>"}, "updated": <unix time>}"""
 from __future__ import annotations
@@ -18,11 +19,3 @@ def write_state(path: Path, unhealthy: dict[str, str]) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps({"unhealthy": unhealthy, "updated": time.time()}))
     os.replace(tmp, path)
-
-
-def unhealthy_models(path: Path) -> dict[str, str]:
-    """Models the supervisor currently reports unhealthy (none if it has written nothing yet)."""
-    try:
-        return dict(json.loads(Path(path).read_text()).get("unhealthy", {}))
-    except (OSError, ValueError):
-        return {}

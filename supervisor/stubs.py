@@ -1,8 +1,8 @@
-"""Finding Triton's Python stub processes in /proc and telling a dead stub from an unloaded model.
+"""Finding Triton's Python stub processes and telling a dead stub from an unloaded model.
 
 Stubs are children of tritonserver running `triton_python_backend_stub <model.py> <shm region> ... <instance>`
 where the instance is `<model>_<group>_<index>`. A killed stub is gone or a zombie (empty cmdline), so
-the tracker remembers each instance's stub by its identity, (pid, start time from /proc/<pid>/stat), and
+the tracker remembers each instance's stub by its identity (pid, start time: `supervisor.processes`), and
 checks that process, not the name, on the next scan: two stubs can carry one instance name (an old version
 kept alive by a request in flight, and the new one), and pids wrap (pid_max is 32768 here), so neither
 "some stub has this name" nor "the higher pid is the newer" says which one serves the instance."""
@@ -11,28 +11,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+
+from supervisor.processes import Identity, live_children, start_time
 
 STUB_BINARY = "triton_python_backend_stub"
 _INSTANCE = re.compile(r"^(?P<model>.+)_\d+_\d+$")
-
-
-@dataclass(frozen=True)
-class Proc:
-    pid: int
-    ppid: int
-    state: str  # R, S, D, Z, ...
-    argv: tuple[str, ...]
-
-
-def read_proc(pid: int, proc: Path = Path("/proc")) -> Proc | None:
-    try:
-        stat = (proc / str(pid) / "stat").read_text()
-        argv = (proc / str(pid) / "cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()  # the command name may hold spaces and parentheses
-    return Proc(pid, int(fields[1]), fields[0], tuple(a for a in argv if a))
 
 
 def instance_of(argv: tuple[str, ...]) -> str | None:
@@ -50,22 +33,15 @@ def model_of(instance: str) -> str:
     return match.group("model") if match else instance
 
 
-def scan_stub_pids(server_pid: int, proc: Path = Path("/proc")) -> dict[int, str]:
+def scan_stub_pids(server_pid: int) -> dict[int, str]:
     """Live (non-zombie) stubs of this server: pid -> instance. Two stubs can serve one instance name for a
     while: a reload's new stub and the old version's, until Triton (or the supervisor) retires the old one."""
-    stubs: dict[int, str] = {}
-    for entry in proc.glob("[0-9]*"):
-        info = read_proc(int(entry.name), proc)
-        if info is None or info.ppid != server_pid or info.state == "Z":
-            continue
-        instance = instance_of(info.argv)
-        if instance:
-            stubs[info.pid] = instance
-    return stubs
+    children = live_children(server_pid)
+    return {pid: instance for pid, argv in children.items() if (instance := instance_of(argv))}
 
 
 def by_instance(stubs: dict[int, str], exclude=frozenset(),
-                started: Callable[[int], int | None] = lambda pid: start_time(pid)) -> dict[str, int]:
+                started: Callable[[int], float | None] = start_time) -> dict[str, int]:
     """instance -> pid of a scan, but the `exclude`d pids; of two stubs with one instance name, the one that
     started last (the newer: pids wrap, so their order says nothing)."""
     ordered = sorted(stubs.items(), key=lambda item: (started(item[0]) or 0, item[0]))
@@ -77,19 +53,9 @@ def of_model(stubs: dict[int, str], model: str) -> dict[int, str]:
     return {pid: instance for pid, instance in stubs.items() if model_of(instance) == model}
 
 
-def scan_stubs(server_pid: int, proc: Path = Path("/proc")) -> dict[str, int]:
+def scan_stubs(server_pid: int) -> dict[str, int]:
     """Live stubs of this server: instance -> pid."""
-    return by_instance(scan_stub_pids(server_pid, proc), started=lambda pid: start_time(pid, proc))
-
-
-def start_time(pid: int, proc: Path = Path("/proc")) -> int | None:
-    """When the process started, in clock ticks after boot (field 22 of stat(5)); None if it is gone. With
-    the pid it names one process for good: a pid reused after a wrap-around starts later."""
-    try:
-        fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[19])
+    return by_instance(scan_stub_pids(server_pid))
 
 
 def expected_instances(model: str, config: dict) -> set[str] | None:
@@ -105,18 +71,6 @@ def expected_instances(model: str, config: dict) -> set[str] | None:
     return names
 
 
-def cpu_ticks(pid: int, proc: Path = Path("/proc")) -> int | None:
-    """User + system CPU time the process has used, in clock ticks (None if it is gone)."""
-    try:
-        fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat(5)
-
-
-StubId = tuple[int, int]  # (pid, start time): one process, whatever its pid's later fate
-
-
 @dataclass
 class StubTracker:
     """Feeds on successive scans; reports models whose stub died while the model is still READY.
@@ -128,15 +82,15 @@ class StubTracker:
     unloaded it) is forgotten, never healed; and an instance the loaded configuration no longer has (its
     count was lowered) is forgotten, never healed (`expected`, asked only when a death is about to be told)."""
     confirm: int = 2
-    known: dict[str, StubId] = field(default_factory=dict)  # instance -> its newest stub last seen alive
+    known: dict[str, Identity] = field(default_factory=dict)  # instance -> its newest stub last seen alive
     missing: dict[str, int] = field(default_factory=dict)  # instance -> consecutive scans seen dead
 
     def update(self, stubs: dict[int, str], ready_models: set[str],
-               started: Callable[[int], int | None] = start_time,
+               started: Callable[[int], float | None] = start_time,
                expected: Callable[[str], set[str] | None] | None = None) -> dict[str, str]:
         """Given a scan (pid -> instance), returns {model: reason} for the deaths confirmed by this scan."""
-        alive: set[StubId] = set()
-        newest: dict[str, StubId] = {}
+        alive: set[Identity] = set()
+        newest: dict[str, Identity] = {}
         for pid, instance in stubs.items():
             began = started(pid)
             if began is None:  # exited since the scan

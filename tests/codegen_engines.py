@@ -5,19 +5,19 @@ stream still open at a deadline)."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from functools import lru_cache
 from pathlib import Path
 
 import tritonclient.grpc as grpcclient
 
-from model_configs import MODEL_REPOSITORY
+# a repository of the codegen models on an engine: bench/generator_heal.py builds its server on one too
+from bench.model_repo import (CODEGEN_MODELS, MODEL_REPOSITORY, SHIPPED_ENGINE as SHIPPED,  # noqa: F401
+                              repository_with_engine)
 from supervisor.codegen_probe import request_inputs
 
 ENGINES = ["openvino", "torch"]  # what `engine: auto` picks on a CPU instance first
-CODEGEN_MODELS = ["codegen_preprocess", "codegen_generator", "codegen_collect", "codegen_postprocess", "codegen",
-                  "codegen_stream"]
-SHIPPED = '{ key: "engine" value: { string_value: "auto" } }'
 # Where the demo model tends to go on and on (lists, loops, repeated lines) rather than end a function: the
 # candidates of long_prompt, most likely first. Which of them runs to the end depends on the trained weights (each
 # training machine's demo model writes its own text), so the tests search them instead of naming one. Each ends on
@@ -25,6 +25,27 @@ SHIPPED = '{ key: "engine" value: { string_value: "auto" } }'
 LONG_PROMPTS = ("x = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,", "0, 0, 0, 0, 0, 0, 0, 0, 0, 0,", "print(",
                 "return (", "while True:", "s = '", "assert (", "data = {\n    'a': 1,\n    'b': 2,",
                 "from . import (", "items = [", "#!", "if x:\n    pass\nelif y:\n    pass\nelif z:")
+
+
+def pin_exact(config: str) -> str:
+    """The generator's config.pbtxt with `precision` f32, the exact mode: served tokens and logprobs are held to
+    transformers' on the same weights, on every CPU (the shipped auto is bf16 where the CPU computes it natively)."""
+    pinned, found = re.subn(r'(key: "precision",? value: \{ string_value: )"[^"]*"', r'\g<1>"f32"', config)
+    assert found == 1, "the generator's config has no precision parameter"
+    return pinned
+
+
+def exact_repository(folder: Path, source: Path = MODEL_REPOSITORY) -> Path:
+    """`source` as a model repository in `folder`: every model folder's files linked, the generator's config pinned
+    to f32 (pin_exact). The test session's server serves it (triton_fixtures.py)."""
+    for model in sorted(p for p in Path(source).iterdir() if (p / "config.pbtxt").exists()):
+        (folder / model.name).mkdir(parents=True)
+        for item in model.iterdir():
+            if model.name == "codegen_generator" and item.name == "config.pbtxt":
+                (folder / model.name / item.name).write_text(pin_exact(item.read_text()))
+            else:
+                (folder / model.name / item.name).symlink_to(item, target_is_directory=item.is_dir())
+    return folder
 
 
 def load_generator_with_engine(client, engine: str, **parameters) -> None:
@@ -35,20 +56,6 @@ def load_generator_with_engine(client, engine: str, **parameters) -> None:
                             **{key: {"string_value": str(value)} for key, value in parameters.items()},
                             "test_reload": {"string_value": f"{time.time():.6f}"}}
     client.load_model("codegen_generator", config=json.dumps(config))
-
-
-def repository_with_engine(folder: Path, engine: str) -> Path:
-    """`folder` as a model repository of the codegen models, their artifacts linked from model_repository/, the
-    generator's config.pbtxt saying `engine`: what a reload from disk (the supervisor's heal) reads too."""
-    for model in CODEGEN_MODELS:
-        (folder / model).mkdir(parents=True)
-        config = (MODEL_REPOSITORY / model / "config.pbtxt").read_text()
-        if model == "codegen_generator":
-            assert SHIPPED in config, "the generator's config no longer ships engine: auto"
-            config = config.replace(SHIPPED, SHIPPED.replace('"auto"', f'"{engine}"'))
-        (folder / model / "config.pbtxt").write_text(config)
-        (folder / model / "1").symlink_to(MODEL_REPOSITORY / model / "1", target_is_directory=True)
-    return folder
 
 
 @lru_cache(maxsize=None)

@@ -115,24 +115,28 @@ class ResponseSender:
 
 
 class MetricFamily:
-    COUNTER, GAUGE = "counter", "gauge"
+    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 
     def __init__(self, name: str, description: str, kind: str):
         self.name = name
 
-    def Metric(self, labels: dict | None = None) -> "_Metric":
+    def Metric(self, labels: dict | None = None, buckets: list | None = None) -> "_Metric":
         return _Metric()
 
 
 class _Metric:
     def __init__(self):
         self.value = 0.0
+        self.observed: list[float] = []  # a histogram's observations
 
     def set(self, value: float) -> None:
         self.value = value
 
     def increment(self, value: float) -> None:
         self.value += value
+
+    def observe(self, value: float) -> None:
+        self.observed.append(value)
 
 
 class InferenceResponse:

@@ -3,13 +3,8 @@ from __future__ import annotations
 
 import math
 import statistics
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "bench")]
-
-from paired import interval, verdict  # noqa: E402
+from bench.paired import interval, verdict
 
 
 def test_interval_of_paired_rounds():

@@ -40,8 +40,8 @@ def reference():
     return CLIPModel.from_pretrained(str(ROOT / CLIP_DEMO)).eval(), CLIPProcessor.from_pretrained(str(ROOT / CLIP_DEMO))
 
 
-# (atol, rtol) against transformers per runtime: torch runs the same code; the ONNX graphs were checked
-# against it at export (max abs difference ~2e-6 on the demo CLIP)
+# (atol, rtol) against transformers per runtime: torch runs the same code; the ONNX graphs sum in another order
+# and were checked against it at export (ONNX_EXPORT_TOLERANCE), so they get a looser atol
 TOLERANCE = {"torch": (1e-5, 1e-4), "onnx": (1e-4, 1e-4)}
 
 

@@ -32,7 +32,7 @@ from launcher.cluster.replicas import replica_processes
 from launcher.cluster.stand import Cluster, free_cluster_port
 from launcher.cluster.state import read_state
 from launcher.paths import ROOT
-from launcher.processes import alive, process_tree, shm_regions_mapped
+from supervisor.processes import alive, process_tree, shm_regions_mapped
 
 pytestmark = pytest.mark.integration
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"

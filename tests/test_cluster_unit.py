@@ -22,7 +22,7 @@ from launcher.cluster.haproxy import BACKEND, haproxy_config
 from launcher.cluster.rolling import rolling_restart
 from launcher.cluster.stand import Cluster, free_cluster_port
 from launcher.cluster.state import read_state
-from launcher.processes import alive
+from supervisor.processes import alive
 
 pytestmark = pytest.mark.skipif(not (shutil.which("haproxy") and shutil.which("redis-server")),
                                 reason="deploy/install_tools.sh installs haproxy and redis-server")

@@ -81,9 +81,13 @@ class Collector:
 
 
 def make_engine(kind: str, **options):
-    """An engine of `kind` over the demo generator (one inference thread: stable on a shared 2-core box)."""
+    """An engine of `kind` over the demo generator (one inference thread: stable on a shared 2-core box); OpenVINO in
+    f32 unless asked otherwise, the exact mode these tests hold to transformers (auto would be bf16 on a CPU with
+    AVX512_BF16 or AMX, f32 on others: the same test must hold on both)."""
     if kind == "torch":
         torch.set_num_threads(1)
+    else:
+        options.setdefault("precision", "f32")
     options.setdefault("max_batch_size", 8)
     options.setdefault("max_tokens_limit", 512)
     return load_engine(kind, GENERATOR_DIR, **options)

@@ -14,7 +14,7 @@ from build import openvino_export
 from build.train_codegen import function_headers, parses
 from gptj_generator.loading import load_engine
 from gptj_generator.seam import GenerationRequest
-from gptj_generator.token_bytes import token_bytes_table
+from codegen_common.token_bytes import token_bytes_table
 from gptj_generator.torch_engine import TorchEngine
 from test_codegen_engine import GENERATOR_DIR, Collector, reference, reference_model, tokenizer  # noqa: F401
 
@@ -90,7 +90,7 @@ def test_a_difference_that_is_no_float_tie_fails_the_check(tokenizer):
 
 @pytest.fixture(scope="module")
 def openvino_demo():
-    engine = load_engine("openvino", GENERATOR_DIR, 16, 512)
+    engine = load_engine("openvino", GENERATOR_DIR, 16, 512, precision="f32")  # the exact mode
     yield engine
     engine.close()
 
@@ -119,7 +119,7 @@ def sized(tmp_path_factory):
     torch.set_num_threads(1)
     engines = {"torch": TorchEngine(model, token_bytes_table(folder / "tokenizer.json"), model.config.eos_token_id,
                                     8, 512),
-               "openvino": load_engine("openvino", folder, 8, 512, threads=1)}
+               "openvino": load_engine("openvino", folder, 8, 512, threads=1, precision="f32")}
     yield model, tok, engines
     for engine in engines.values():
         engine.close()
@@ -137,7 +137,7 @@ def test_350m_shape_greedy_tokens_equal_the_torch_engines(sized):
 
 def test_int8_weights_keep_the_demo_parse_share_within_005_of_fp32(openvino_demo, tokenizer, tmp_path):
     int8 = openvino_export.export(GENERATOR_DIR, tmp_path / "openvino-int8", "int8")
-    engine = load_engine("openvino", GENERATOR_DIR, 16, 512, ir_dir=int8)
+    engine = load_engine("openvino", GENERATOR_DIR, 16, 512, ir_dir=int8, precision="f32")
     try:
         assert engine.weights == "int8" and openvino_demo.weights == "fp32"
         headers = function_headers(50)

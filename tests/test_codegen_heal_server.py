@@ -27,7 +27,8 @@ from launcher.triton_server import TritonServer
 from supervisor.canaries import StreamCanary, UnaryCanary
 from supervisor.codegen_probe import request_inputs, stream_call
 from supervisor.monitor import Supervisor
-from supervisor.stubs import of_model, scan_stub_pids, start_time
+from supervisor.processes import start_time
+from supervisor.stubs import of_model, scan_stub_pids
 
 pytestmark = pytest.mark.integration
 TIMEOUT = 120

@@ -16,7 +16,7 @@ import pytest
 
 from bench.generator_heal import accepted, codegen_load, kill_generator, supervised_codegen_server
 from codegen_engines import ENGINES
-from supervisor.state import unhealthy_models
+from gateway.supervisor_state import unhealthy_models  # what /health reads
 
 pytestmark = pytest.mark.integration
 KILLS = 5

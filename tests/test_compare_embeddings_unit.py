@@ -2,13 +2,7 @@
 read met or missed from the figures (no server: points are made up here)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "client"), str(ROOT / "backends")]
-
-import compare_embeddings as ce  # noqa: E402
+from bench import compare_embeddings as ce
 
 
 def point(name: str, c: int, rps: float, p50: float, client_cpu: float = 0.1) -> dict:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from gptj_generator.healing import AllowedIds, Healing, choose
+from gptj_generator.sampling import new_generator, sample, token_logprob
 from gptj_generator.seam import GenerationRequest, SamplingParams
 from stage_common.errors import BadInput
 from test_codegen_engine import ENGINES, PROMPTS, Collector, ids_of, make_engine, reference_model, tokenizer  # noqa: F401
@@ -142,6 +143,42 @@ def test_healing_constraint_spells_a_prefix_over_several_ids():
     assert drawn == {1, 2, 3}
     assert {choose(logits, np.array([1, 2, 3]), SamplingParams(temperature=1.0, top_k=1), rng)
             for _ in range(50)} == {2}
+
+
+LOGITS = np.array([2.0, 1.0, 0.5, 0.0, -1.0, 3.0], np.float32)  # softmax: id 5 0.61, id 0 0.22, id 1 0.08, ...
+
+
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_the_one_sampler_filters_and_draws_alike_on_numpy_and_torch(library):
+    """Both engines call sampling.sample: the OpenVINO engine on numpy rows, the torch engine on its logits tensor."""
+    row, device = (LOGITS, None) if library == "numpy" else (torch.from_numpy(LOGITS), "cpu")
+
+    def drawn(draws: int = 1000, **params) -> list[int]:
+        sampling = SamplingParams(seed=3, **params)
+        generator = new_generator(sampling, device)
+        return [sample(row, sampling, generator) for _ in range(draws)]
+
+    assert set(drawn(temperature=1.0)) == set(range(6))
+    assert set(drawn(temperature=1.0, top_k=3)) == {5, 0, 1}
+    assert set(drawn(temperature=1.0, top_p=0.8)) == {5, 0}  # the mass before id 1 (0.83) reaches 0.8
+    assert set(drawn(temperature=1.0, top_p=0.86)) == {5, 0, 1}
+    assert set(drawn(temperature=1.0, top_k=4, top_p=0.86)) == {5, 0}  # top-k first: then id 1 comes after 0.86
+    assert set(drawn(temperature=1e-9)) == {5} and sample(row, SamplingParams(), None) == 5  # greedy
+    assert drawn(20, temperature=1.0) == drawn(20, temperature=1.0), "a seed draws the same ids"
+    with pytest.raises(FloatingPointError):  # NaN logits fail their request, never draw garbage
+        sample(row * float("nan"), SamplingParams(temperature=1.0), new_generator(SamplingParams(1.0), device))
+
+
+def test_the_one_logprob_function_gives_the_same_on_numpy_and_torch():
+    """Both engines call sampling.token_logprob: numpy rows in float64, torch rows in float32 (as the reference)."""
+    logits = np.random.default_rng(0).standard_normal(1000).astype(np.float32) * 3
+    reference = torch.log_softmax(torch.from_numpy(logits), -1)
+    for row in (logits, torch.from_numpy(logits)):
+        lp = token_logprob(row, 7, TOP)
+        assert lp.token_id == 7 and abs(lp.logprob - float(reference[7])) < 1e-5
+        assert [i for i, _ in lp.top] == torch.topk(reference, TOP).indices.tolist()
+        assert [v for _, v in lp.top] == pytest.approx(torch.topk(reference, TOP).values.tolist(), abs=1e-5)
+    assert token_logprob(logits, 7, 0).top == ()
 
 
 def test_an_over_long_heal_prefix_fails_its_request_alone(engine, tokenizer):

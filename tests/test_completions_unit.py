@@ -9,11 +9,14 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from codegen_common.limits import DEFAULT_MAX_TOKENS
 from gateway import errors
 from gateway.app import create_app
 from gateway.completions import sequences as runner
+from gateway.completions.checks import resolve
+from gateway.completions.tensors import Sequence, sequence_inputs, sequences
+from gateway.keys import key_line
 from gateway.schemas.completions import CompletionRequest
-from gateway.completions.tensors import sequences
 from gateway.settings import Settings
 from gateway.triton.engine import StreamResponse, stream_error
 
@@ -136,10 +139,48 @@ def test_prompt_list_and_n_are_indexed_and_seeded(api):
     assert [_value(i, "text_input") for _, i in api.engine.calls] == ["one"] * 3 + ["two words"] * 3
 
 
+def resolved(**body):
+    return resolve(CompletionRequest(model="codegen", **body), Settings())
+
+
 def test_unseeded_sequences_differ():
-    body = CompletionRequest(model="codegen", prompt="x", n=3)
-    seeds = [int(_value(s.inputs, "random_seed")) for s in sequences(body, ["x"])]
+    seeds = [int(_value(s.inputs, "random_seed")) for s in sequences(resolved(prompt="x", n=3))]
     assert len(set(seeds)) == 3
+
+
+def test_a_request_is_resolved_once_with_its_defaults():
+    """Left out and null read alike, as the schema's defaults (max_tokens: the generator's own)."""
+    for given in ({}, {"max_tokens": None, "n": None, "temperature": None, "top_p": None, "stream": None}):
+        c = resolved(prompt="x", **given)
+        assert (c.max_tokens, c.n, c.temperature, c.top_p, c.stream) == (DEFAULT_MAX_TOKENS, 1, 1.0, 1.0, False)
+        assert [s.max_tokens for s in sequences(c)] == [_value(s.inputs, "max_tokens") for s in sequences(c)] == [16]
+    c = resolved(prompt="x", stop=["", "#"], stream=True, stream_options={"include_usage": True})
+    assert c.stop == ("#",) and c.include_usage
+    assert not resolved(prompt="x", stream=False).include_usage
+
+
+def test_budget_is_max_tokens_x_n_x_prompts():
+    assert resolved(prompt=["a", "b"], max_tokens=10, n=3).budget == 60
+    assert resolved(prompt="a").budget == 16  # OpenAI's default max_tokens
+    assert resolved(prompt="a", max_tokens=None, n=2).budget == 32  # null is the default, as generated
+    assert resolved(prompt=["a", "b"], max_tokens=0, echo=True, logprobs=0).budget == 2  # score only: 1 a sequence
+
+
+class FinalOnlyEngine:
+    """Two pieces without a reason, then a bare FINAL flag: the reason comes from the sequence's max_tokens."""
+
+    async def stream_infer(self, model, inputs, timeout_s=None):
+        for i in range(2):
+            yield StreamResponse({"text_output": np.array([[b"t "]], dtype=object),
+                                  "completion_tokens": np.array([[i + 1]], dtype=np.int32)}, False)
+        yield StreamResponse({}, True)
+
+
+@pytest.mark.parametrize("max_tokens, reason", [(2, "length"), (5, "stop")])
+def test_a_bare_final_flag_takes_its_reason_from_max_tokens(max_tokens, reason):
+    seq = Sequence(0, 0, "p", max_tokens, sequence_inputs("p", max_tokens, 1.0, 1.0, 0, []))
+    choices = asyncio.run(runner.collect(FinalOnlyEngine(), [seq]))
+    assert [(c.text, c.finish_reason) for c in choices] == [("t t ", reason)]
 
 
 def test_stream_chunks_usage_and_done(api):
@@ -196,7 +237,7 @@ def test_unary_error_cancels_the_other_sequences(api):
     ({"prompt": "x", "logit_bias": {"1": 5}}, "logit_bias"), ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
     ({"prompt": "x", "frequency_penalty": 1}, "frequency_penalty"), ({"prompt": "x", "stream_options": {}}, "stream_options"),
     ({"prompt": 5}, "prompt"), ({"prompt": "x", "max_tokens": "many"}, "max_tokens"),
-    ({"prompt": [9906, 1917]}, "prompt"), ({"prompt": [[9906], [1917]]}, "prompt"),
+    ({"prompt": [9906, -1]}, "prompt"), ({"prompt": [[9906], [1917, "x"]]}, "prompt"),  # not token ids
 ])
 def test_bad_input_is_a_400_naming_the_parameter(api, body, param):
     r = post(api, **body)
@@ -261,8 +302,7 @@ def test_unknown_model_is_404_and_codegen_is_listed(api):
 
 def test_closing_the_stream_early_cancels_every_sequence():
     engine = FakeEngine(delay=0.01)
-    body = CompletionRequest(model="codegen", prompt=["a", "b", "c"], max_tokens=100)
-    seqs = sequences(body, ["a", "b", "c"])
+    seqs = sequences(resolved(prompt=["a", "b", "c"], max_tokens=100))
 
     async def main():
         pieces = runner.stream(engine, seqs)
@@ -316,8 +356,7 @@ class BurstEngine:
 
 
 def test_pieces_that_queue_up_together_are_joined_per_sequence():
-    body = CompletionRequest(model="codegen", prompt=["a", "b"], max_tokens=5)
-    seqs = sequences(body, ["a", "b"])
+    seqs = sequences(resolved(prompt=["a", "b"], max_tokens=5))
 
     async def main():
         return [piece async for piece in runner.stream(BurstEngine(), seqs)]
@@ -329,3 +368,39 @@ def test_pieces_that_queue_up_together_are_joined_per_sequence():
         assert "".join(p.text for p in mine) == "t0 t1 t2 t3 t4 "
         assert [p.finish_reason for p in mine][-1] == "length" and all(p.finish_reason is None for p in mine[:-1])
         assert mine[-1].completion_tokens == 5 and mine[-1].prompt_tokens == 3
+
+
+TOKENS = "gk-test-tokens-0123456789"
+
+
+@pytest.fixture()
+def keyed_api(tmp_path):
+    """The route with a key of 100 tokens per minute."""
+    keys = tmp_path / "keys"
+    keys.write_text(key_line(TOKENS, "tokens-1", "inference", tpm=100))
+    app = create_app(Settings(api_keys_file=keys, completions_max_n=8, completions_max_sequences=8,
+                              completions_max_tokens=64))
+    with TestClient(app, base_url="http://127.0.0.1", headers={"Authorization": f"Bearer {TOKENS}"}) as client:
+        client.portal.call(app.state.server_watch.close)
+        app.state.admission.server_problem = None
+        app.state.engine = client.engine = FakeEngine()
+        yield client
+
+
+def test_the_token_quota_charges_what_the_route_generates(keyed_api):
+    # max_tokens null is the default, 16 tokens a choice: 7 x 16 = 112 is over 100 before anything runs
+    r = post(keyed_api, prompt="x", max_tokens=None, n=7)
+    assert r.status_code == 429, r.text
+    assert r.json()["error"]["code"] == "rate_limit_exceeded" and "may use 112" in r.json()["error"]["message"]
+    assert r.headers["x-ratelimit-limit-tokens"] == "100" and int(r.headers["retry-after"]) >= 1
+    assert keyed_api.engine.calls == []
+    # 60, then 60 more is over 100 (a number sent as a string is a 400: tests/test_abuse3_quotas.py)
+    assert post(keyed_api, prompt="x", max_tokens=60).status_code == 200
+    assert post(keyed_api, prompt="x", max_tokens=60).status_code == 429
+
+
+def test_a_refused_request_spends_no_tokens(keyed_api):
+    for _ in range(3):  # 65 is over COMPLETIONS_MAX_TOKENS: 400, as without a quota
+        r = post(keyed_api, prompt="x", max_tokens=65)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
+    assert post(keyed_api, prompt="x", max_tokens=50, n=2).status_code == 200  # the whole 100 is left

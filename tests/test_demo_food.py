@@ -8,7 +8,9 @@ from build.food_captioning import FOOD11_LABELS
 from build.food_drawings import LABELS, dataset
 from model_configs import MODEL_REPOSITORY
 
-HELD_OUT_ACCURACY_MIN = 0.9  # measured 0.97 on 110 pictures (docs/demo-models.md)
+# The bar the demo promises (docs/demo-models.md): the classifier tells the eleven classes apart on pictures it
+# never saw; the per-class floor below catches one class given up for the others.
+HELD_OUT_ACCURACY_MIN = 0.9
 
 
 def test_drawings_cover_food11_in_its_order():
@@ -32,5 +34,6 @@ def test_served_classifier_recognises_held_out_pictures():
     truth = np.array([label for _, label in pictures])
     accuracy = float((predicted == truth).mean())
     per_class = {LABELS[c]: float((predicted[truth == c] == c).mean()) for c in range(len(LABELS))}
+    print(f"held-out accuracy: {accuracy:.2f}", per_class)  # the figure docs/demo-models.md quotes
     assert accuracy >= HELD_OUT_ACCURACY_MIN, (accuracy, per_class)
     assert min(per_class.values()) >= 0.5, per_class

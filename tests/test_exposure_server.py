@@ -23,7 +23,7 @@ MODEL = "text_embedding_pooling"  # torch-free, loads fast
 def restricted(tmp_path_factory):
     log = tmp_path_factory.mktemp("exposure") / "tritonserver.log"
     with TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), explicit_models=[],
-                      log_file=log, extra_args=restricted_api_args(KEY)) as server:
+                      log_file=log, extra_args=restricted_api_args(), env={"TRITON_ADMIN_KEY": KEY}) as server:
         yield server
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 
+import psutil
 import pytest
 
 from bench.workload import Load
@@ -16,8 +17,12 @@ from launcher.server_keeper import SupervisedServer
 from launcher.triton_server import TritonServer
 from supervisor.faults import kill_stub
 from supervisor.monitor import Supervisor
-from supervisor.state import unhealthy_models
+from gateway.supervisor_state import unhealthy_models  # what /health reads
 from supervisor.stubs import of_model, scan_stub_pids
+
+# a client's channel connects again within its reconnect backoff (bench.workload uses the gateway's: at most
+# 1 s, plus gRPC's 20% jitter) after the server is back, plus a second of slack on this shared box
+RECONNECT_S = 2.5
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +48,7 @@ def stubs_of(server, model: str) -> set[int]:
 
 @pytest.mark.parametrize("stub, pipeline, heal_limit_s", [
     ("text_embedding_encoder", "text_embedding", 5.0),  # a network stage (ONNX Runtime), two instances
-    ("ner_tagger", "ner", 5.0),  # the NER network (ONNX Runtime; 5.3 s under the soak's load on torch)
+    ("ner_tagger", "ner", 5.0),  # the NER network (ONNX Runtime: no torch import for the new stub to wait for)
     ("ner_decoder", "ner", 5.0),  # a numpy stage
     # the decoupled generator: test_a_killed_generator_stub_ends_in_serving
 ])
@@ -144,7 +149,7 @@ def test_the_same_stub_killed_twice_is_healed_twice(supervised):
 
 
 def test_no_stub_dies_on_its_own_under_codegen_load(supervised):
-    """Regression: codegen_collect's stub crashed every ~30 s under 8 codegen clients (a BLS response
+    """Regression: codegen_collect's stub crashed within a minute or so under 8 codegen clients (a BLS response
     iterator freed without the GIL by the stub's cleanup thread; backends/codegen_collect/model.py)."""
     server, supervisor, _ = supervised
     started = time.time()
@@ -207,11 +212,11 @@ def test_a_killed_generator_stub_ends_in_serving(supervised):
     stream_call(client, "codegen_stream", good["codegen_stream"].good(), timeout=60)
     client.close()
     failed = load.unexpected()
-    after = [o for o in load.outcomes if o.start > served_at + 1.0]
+    after = [o for o in load.outcomes if o.start > served_at + RECONNECT_S]
     print(f"\ncodegen_generator kill: {how} {served_at - killed_at:.1f}s after the kill; "
           f"{len(failed)} requests failed (in flight or before), {len(after)} answered after")
-    assert all(o.start < served_at + 1.0 for o in failed), \
-        [(o.pipeline, round(o.start - served_at, 1), o.error) for o in failed if o.start >= served_at + 1.0][:5]
+    assert all(o.start < served_at + RECONNECT_S for o in failed), \
+        [(o.pipeline, round(o.start - served_at, 1), o.error) for o in failed if o.start >= served_at + RECONNECT_S][:5]
     assert after and all(o.error is None for o in after)
     assert unhealthy_models(state_file) == {}
 
@@ -225,7 +230,7 @@ def test_a_killed_server_is_restarted_and_its_stubs_reaped(supervised):
     import tritonclient.grpc as grpcclient
 
     from bench.workload import pipelines
-    from launcher.processes import process_group, shm_regions_mapped
+    from supervisor.processes import process_group, shm_regions_mapped
 
     server, kept, state_file = supervised
     load = Load(server.grpc_url, ["text_embedding"], concurrency=8, timeout_s=30).start()
@@ -250,7 +255,7 @@ def test_a_killed_server_is_restarted_and_its_stubs_reaped(supervised):
     finally:
         load.stop()
     assert restart.cause == "killed by SIGKILL" and server.process.pid != old_pid
-    assert not [p for p in old_group if os.path.exists(f"/proc/{p}")], "the dead server's stubs outlived it"
+    assert not [p for p in old_group if psutil.pid_exists(p)], "the dead server's stubs outlived it"
     assert old_regions and not [r for r in old_regions if os.path.exists(r)], "the dead server's regions are left"
     failed = load.unexpected()
     assert all("UNAVAILABLE" in o.error for o in failed), [o.error for o in failed][:3]

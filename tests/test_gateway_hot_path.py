@@ -7,11 +7,11 @@ import base64
 import json
 
 import numpy as np
-from tritonclient.grpc import InferInput, service_pb2
+from tritonclient.grpc import service_pb2
 from tritonclient.utils import serialize_byte_tensor
 
 from gateway.routers.embeddings import EmbeddingsResponse, encode
-from gateway.triton.engine import infer_input, infer_request, response_arrays, string_rows
+from gateway.triton.engine import infer_request, response_arrays, stream_request, string_rows
 
 
 def test_infer_request_matches_tritonclient_inputs():
@@ -22,9 +22,7 @@ def test_infer_request_matches_tritonclient_inputs():
     text, ids = request.inputs
     assert (text.name, text.datatype, list(text.shape)) == ("text", "BYTES", [4, 1])
     assert (ids.name, ids.datatype, list(ids.shape)) == ("ids", "INT64", [2, 3])
-    reference: InferInput = infer_input("text", string_rows(texts))  # tritonclient's own serialization
-    assert request.raw_input_contents[0] == reference._get_content()
-    assert request.raw_input_contents[0] == serialize_byte_tensor(
+    assert request.raw_input_contents[0] == serialize_byte_tensor(  # tritonclient's own serialization
         np.array([t.encode() for t in texts], dtype=np.object_)).item()
     assert np.array_equal(np.frombuffer(request.raw_input_contents[1], dtype=np.int64), np.arange(6))
 
@@ -35,6 +33,26 @@ def test_the_gateways_wait_goes_to_triton_as_the_requests_timeout():
     assert "timeout" not in infer_request("text_embedding", inputs, ["embedding"]).parameters
     request = infer_request("codegen", inputs, ["text_output"], timeout_s=2.5)
     assert request.parameters["timeout"].int64_param == 2_500_000
+
+
+def test_str_and_bytes_arrays_go_as_bytes_like_object_arrays():
+    texts = ["plain", "Ünïcödé ✓"]
+    reference = infer_request("m", {"text": string_rows(texts)}, [])
+    for array in (np.array([[t] for t in texts]), np.array([[t.encode()] for t in texts])):  # <U and |S dtypes
+        request = infer_request("m", {"text": array}, [])
+        assert request.inputs[0].datatype == "BYTES" and request.raw_input_contents == reference.raw_input_contents
+
+
+def test_a_stream_request_asks_every_output_and_a_final_flag_even_when_empty():
+    inputs = {"text_input": string_rows(["def f("]), "max_tokens": np.array([[8]], dtype=np.int32),
+              "exclude_input_in_output": np.array([[False]])}
+    request = stream_request("codegen_stream", inputs, timeout_s=2.5)
+    assert request.model_name == "codegen_stream" and not request.outputs  # no output named: Triton sends all
+    assert request.parameters["triton_enable_empty_final_response"].bool_param
+    assert request.parameters["timeout"].int64_param == 2_500_000
+    assert [(t.name, t.datatype, list(t.shape)) for t in request.inputs] == [
+        ("text_input", "BYTES", [1, 1]), ("max_tokens", "INT32", [1, 1]), ("exclude_input_in_output", "BOOL", [1, 1])]
+    assert request.raw_input_contents[1:] == [np.int32(8).tobytes(), b"\x00"]
 
 
 def test_response_arrays_decodes_numeric_and_bytes_outputs():

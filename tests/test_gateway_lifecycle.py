@@ -20,8 +20,9 @@ import pytest
 from gateway.modelgen import triton_name
 from gateway_helpers import ST_CLS_DEMO
 from launcher.gateway_process import GatewayProcess
-from launcher.processes import free_port, process_tree
+from launcher.processes import free_port
 from model_configs import ROOT
+from supervisor.processes import process_tree
 from triton_fixtures import LiveGateway
 
 pytestmark = pytest.mark.integration

@@ -166,6 +166,8 @@ def test_state_file_restores_models_and_delete_removes_files(tmp_path, generated
         assert [m["model_name"] for m in json.loads(reg.state_file.read_text())] == ["clip/x"]
         with pytest.raises(errors.NotFound):
             await _use(again, "m/a")
-        with pytest.raises(errors.BadRequest, match="shipped"):
+        with pytest.raises(errors.Conflict, match="shipped"):  # a state conflict: 409 (issue 52)
             await again.unload("sentence-transformers/all-MiniLM-L6-v2", None)
+        with pytest.raises(errors.Conflict, match="shipped"):
+            await again.delete("sentence-transformers/all-MiniLM-L6-v2", None)
     run(main())

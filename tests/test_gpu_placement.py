@@ -152,13 +152,13 @@ def test_torch_cuda_problems(monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch_runtime, "cuda_driver_device_count", lambda: None)
-    assert "no NVIDIA driver could be loaded" in torch_runtime.cuda_problem(0)
+    assert "no NVIDIA driver could be loaded" in torch_runtime.torch_cuda_problem(0)
     monkeypatch.setattr(torch_runtime, "cuda_driver_device_count", lambda: 2)
-    assert "cannot initialize CUDA although the driver shows 2 GPU(s)" in torch_runtime.cuda_problem(0)
+    assert "cannot initialize CUDA although the driver shows 2 GPU(s)" in torch_runtime.torch_cuda_problem(0)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert torch_runtime.cuda_problem(0) is None
-    assert "GPU 1 is out of range" in torch_runtime.cuda_problem(1)
+    assert torch_runtime.torch_cuda_problem(0) is None
+    assert "GPU 1 is out of range" in torch_runtime.torch_cuda_problem(1)
 
 
 def test_configure_torch_of_the_generator_checks_the_gpu_too():

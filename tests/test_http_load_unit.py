@@ -2,17 +2,12 @@
 and the interleaved load sends every target the same share of requests (what bench_security compares)."""
 from __future__ import annotations
 
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "client")]
-
-from http_load import run_http_load, run_http_load_interleaved  # noqa: E402
+from bench.http_load import run_http_load, run_http_load_interleaved
 
 
 class Recorder(BaseHTTPRequestHandler):

@@ -76,7 +76,11 @@ def server(built, tmp_path_factory):
     from launcher.processes import free_port
     from launcher.triton_server import TritonServer
 
+    from codegen_engines import pin_exact
+
     repository = built[0]
+    generator = repository / "codegen_generator" / "config.pbtxt"  # f32: its tokens are held to transformers'
+    generator.write_text(pin_exact(generator.read_text()))
     models = sorted(p.parent.name for p in repository.glob("*/config.pbtxt"))
     log = tmp_path_factory.mktemp("hub_triton") / "tritonserver.log"
     triton = TritonServer(model_repository=repository, http_port=free_port(), grpc_port=free_port(),

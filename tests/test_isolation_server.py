@@ -84,7 +84,7 @@ def test_five_megabyte_text_is_refused_before_tokenizing_and_fails_alone(triton)
     assert_invalid_argument(results.pop(6), "over the limit of 100000 (model parameter max_text_bytes)")
     for got, expected in zip(results, alone):
         np.testing.assert_allclose(got, expected, atol=1e-5)
-    assert took < 30, took  # it was refused, not tokenized (5.6 s alone before the bound)
+    assert took < 30, took  # it was refused, not tokenized (tokenizing it would hold the whole execution)
 
 
 # --- ner: finding 3, the long text ---------------------------------------------------------------------
@@ -123,7 +123,8 @@ def timed(call, *args) -> tuple[float, object]:
 
 
 def test_short_ner_request_is_not_held_behind_the_longest_allowed_one(triton):
-    """Before: a 20,000-character request took 15 s and a 5-word one sent meanwhile waited 14 s. Now the
+    """Before: a 20,000-character request held the tagger for its whole length, and a 5-word one sent meanwhile
+    waited for all of it. Now the
     longest request allowed is tagged as ~50 short sentences side by side: it takes about a second, and
     a short request sent while it runs waits at most about that long."""
     triton.load("ner")
@@ -143,7 +144,7 @@ def test_short_ner_request_is_not_held_behind_the_longest_allowed_one(triton):
           f"short {short_took * 1000:.0f} ms, long {long_took * 1000:.0f} ms")
     assert same_entities(long_rows + short_rows, ner_rows(url, [LONG]) + ner_rows(url, short))
     assert idle_long < 5.0, "one request must not occupy the tagger for long (about a second on 2 cores)"
-    # generous for a shared 2-core box (the old behaviour held the short request for ~14 s)
+    # generous for a shared 2-core box, still far under the old behaviour (the short one waited out the long one)
     assert short_took < idle_short + 3 * idle_long + 3.0
 
 

@@ -80,7 +80,8 @@ def test_an_exit_is_reaped_then_restarted_after_the_backoff(stop_after):
 def test_a_process_that_dies_or_hangs_while_starting_counts_as_a_crash(stop_after):
     service = Scripted([SLEEP, "raise SystemExit(3)", SLEEP, SLEEP]).start(timeout=5)
     stop_after(service)
-    keeper = Keeper(service, RestartPolicy(backoff_s=0.01), start_timeout_s=0.3, say=lambda line: None)
+    # long enough for a python that exits at once to be seen exiting on a loaded box, not as a hang
+    keeper = Keeper(service, RestartPolicy(backoff_s=0.01), start_timeout_s=3.0, say=lambda line: None)
     service.up = False  # the next two never answer: the first exits, the second hangs
     service.process.kill()
     step_until(keeper, lambda: len(keeper.restarts) == 3)

@@ -6,21 +6,14 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from launcher.paths import ROOT
-from launcher.processes import free_port, process_tree, shm_regions_mapped
+from launcher.processes import free_port
+from supervisor.processes import alive, process_tree, shm_regions_mapped
 
 pytestmark = pytest.mark.integration
-
-
-def alive(pid: int) -> bool:
-    try:
-        return "(Z)" not in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:4]
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

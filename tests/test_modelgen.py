@@ -16,7 +16,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from gateway.errors import BadRequest, NotFound
+from gateway.errors import BadRequest, Forbidden, NotFound
 from gateway.modelgen import (OPEN_CLIP_MODELS, ExportOptions, builtin_specs, generate, remove, remove_generated,
                               resolve_source, triton_name)
 from gateway.modelgen import onnx_cache
@@ -76,17 +76,17 @@ def test_dot_dot_is_refused(roots, name):
 def test_absolute_path_outside_the_roots_is_refused(roots):
     root, outside = roots
     for name in (str(outside / "secret"), "/etc", "/nonexistent/model"):
-        with pytest.raises(BadRequest, match="outside the allowed model roots"):
+        with pytest.raises(Forbidden, match="outside the allowed model roots"):
             resolve_source(name, None, "sentence_transformer", [root])
 
 
 def test_symlinks_out_of_the_roots_are_refused(roots):
     root, outside = roots
     (root / "escape").symlink_to(outside / "secret", target_is_directory=True)
-    with pytest.raises(BadRequest, match="outside the allowed model roots"):
+    with pytest.raises(Forbidden, match="outside the allowed model roots"):
         local_folder("escape", [root])
     (root / "org" / "model" / "model.safetensors").symlink_to(outside / "secret" / "config.json")
-    with pytest.raises(BadRequest, match="symlink out of MODEL_ROOTS"):
+    with pytest.raises(Forbidden, match="symlink out of MODEL_ROOTS"):
         local_folder("org/model", [root])
 
 

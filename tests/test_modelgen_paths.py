@@ -1,7 +1,7 @@
 """Issue 43 item 5: a sentence-transformers `modules.json` cannot make the generated model serve files
 from outside its folder. Every module path must be relative and resolve inside the source folder (hub
 snapshot or local folder), else a 400 naming the path; and with HUB_ALLOW_PICKLE=0 no pickled weight file
-ends up served from a hub repository, whatever its cache holds."""
+ends up served from a hub repository, whatever its cache holds, nor from a local folder (issue 56)."""
 from __future__ import annotations
 
 import json
@@ -113,10 +113,15 @@ def test_hub_allow_pickle_0_holds_for_a_cache_filled_while_it_was_1(tmp_path):
         assert caught.value.status == 422
 
 
-def test_local_folders_keep_serving_their_pickled_weights(layout, tmp_path):
-    """HUB_ALLOW_PICKLE is about the hub: a folder under MODEL_ROOTS is the operator's own."""
+def test_local_folders_serve_their_pickled_weights_with_hub_allow_pickle_1_only(layout, tmp_path):
+    """HUB_ALLOW_PICKLE holds for a folder under MODEL_ROOTS too (issue 56: the repository's own
+    data/hub_cache is under MODEL_ROOTS, so a refused snapshot could be named as a folder):
+    tests/test_abuse3_pickle.py."""
     model, _ = layout
     (model / "model.safetensors").rename(model / "pytorch_model.bin")
-    folder = resolve_source(str(model), None, "sentence_transformer", [model.parent], hub.HubOptions())
+    with pytest.raises(errors.HubPickleRefused, match="MODEL_ROOTS"):
+        resolve_source(str(model), None, "sentence_transformer", [model.parent], hub.HubOptions())
+    folder = resolve_source(str(model), None, "sentence_transformer", [model.parent],
+                            hub.HubOptions(allow_pickle=True))
     spec = generate("m", None, "sentence_transformer", folder, tmp_path / "repository", export=NO_EXPORT)
     assert (tmp_path / "repository" / spec.triton_models[2] / "1" / "pytorch_model.bin").is_symlink()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 
+import psutil
 import pytest
 
 from gptj_generator.file_pages import mapped_ranges
@@ -126,13 +127,8 @@ def test_the_mapped_weights_are_dropped_after_the_warm_up(tokenizer):
         weights = engine.ir_dir / WEIGHTS_FILE
         assert engine.dropped_bytes >= weights.stat().st_size
         starts = {start for start, _ in mapped_ranges(weights)}
-        resident, entry = 0, None
-        for line in open("/proc/self/smaps"):
-            head = line.split()[0]
-            if "-" in head and ":" not in head:
-                entry = int(head.split("-")[0], 16)
-            elif head == "Rss:" and entry in starts:
-                resident += int(line.split()[1]) * 1024
+        resident = sum(m.rss for m in psutil.Process().memory_maps(grouped=False)
+                       if int(m.addr.split("-")[0], 16) in starts)
         assert resident < weights.stat().st_size / 4, (resident, weights.stat().st_size)
         done = Collector()  # and the engine still runs on its own copy
         engine.submit(GenerationRequest(ids_of(tokenizer, PROMPT), 8), done)
@@ -148,6 +144,18 @@ def test_the_engine_parameter_picks_openvino_on_cpu_and_torch_on_gpu():
         choose_engine("openvino", gpu=True)
     with pytest.raises(ValueError, match="must be one of"):
         choose_engine("onnx", gpu=False)
+
+
+def test_each_engine_is_handed_only_the_config_options_it_takes():
+    from gptj_generator.loading import engine_options, own_options
+    from gptj_generator.openvino_engine import OpenVINOEngine
+    from gptj_generator.torch_engine import TorchEngine
+
+    options = engine_options({"parameters": {"max_scored_rows": {"string_value": "3"}}})  # every engine's options
+    assert own_options(OpenVINOEngine, options) == options and options["max_scored_rows"] == 3
+    openvino_only = {"max_scored_rows", "prefix_caching", "kv_cache_tokens", "prompt_lookup_tokens", "precision"}
+    assert own_options(TorchEngine, options) == {k: v for k, v in options.items() if k not in openvino_only}
+    assert own_options(TorchEngine, {"ir_dir": "x"}) == {"ir_dir": "x"}, "not a config option: its constructor judges"
 
 
 @pytest.mark.parametrize("setting, expected", [(None, "openvino"), ("torch", "torch"), ("openvino", "openvino")])

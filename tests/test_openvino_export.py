@@ -39,7 +39,7 @@ def cache(tmp_path_factory, tiny):
     """An export cache of this module's own, holding the tiny model's fp32 IR."""
     folder = tmp_path_factory.mktemp("openvino_cache")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(openvino_export, "CACHE", folder)
+        patch.setenv("XDG_CACHE_HOME", str(folder))  # the machine cache of build/model_cache.py, here
         openvino_export.export(tiny, tmp_path_factory.mktemp("fp32") / "openvino", "fp32")
     return folder
 
@@ -60,13 +60,13 @@ def test_an_unknown_weight_format_is_refused_before_anything_is_built(monkeypatc
 
 
 def test_the_export_is_deterministic_and_cached(tiny, cache, tmp_path, monkeypatch):
-    monkeypatch.setattr(openvino_export, "CACHE", tmp_path / "another-cache")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "another-cache"))
     fresh = digests(openvino_export.export(tiny, tmp_path / "fresh", "fp32"))
 
     def no_export(*args, **kwargs):
         raise AssertionError("exported again although the cache holds this IR")
 
-    monkeypatch.setattr(openvino_export, "CACHE", cache)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     monkeypatch.setattr(openvino_export.subprocess, "run", no_export)
     cached = openvino_export.export(tiny, tmp_path / "cached", "fp32")
     assert digests(cached) == fresh, "two exports of the same weights differ"
@@ -77,7 +77,7 @@ def test_the_export_is_deterministic_and_cached(tiny, cache, tmp_path, monkeypat
 
 def test_int4_weights_are_smaller_and_served(tiny, cache, tmp_path, monkeypatch):
     """int4 here (int8: test_codegen_fidelity.py, on the demo model)."""
-    monkeypatch.setattr(openvino_export, "CACHE", cache)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     fp32 = openvino_export.export(tiny, tmp_path / "fp32", "fp32")  # from the cache
     int4 = openvino_export.export(tiny, tmp_path / "int4", "int4")
     assert json.loads((int4 / openvino_export.INFO_FILE).read_text())["weights"] == "int4"

@@ -236,9 +236,9 @@ def test_through_the_engine_a_long_wait_for_a_row_still_gets_every_token(kind):
         from test_codegen_engine import Collector
 
         holder = Collector()
-        # 1,000 tokens (the demo model runs to max_tokens after these ids): ~1.4 s of holding on a quiet box, so
-        # that the wait stays over abandon_s even when this thread wakes late after the first token (seen in
-        # CI on a loaded box: with 500 tokens the stream waited 0.39 s of a 0.4 s abandon time)
+        # 1,000 tokens (the demo model runs to max_tokens after these ids): a hold several times abandon_s, so
+        # that the wait stays over abandon_s even when this thread wakes late after the first token (on a loaded
+        # CI box, half as many tokens once left the wait just under the abandon time)
         engine.submit(GenerationRequest([11, 12, 13], 1000), holder)
         holder.wait_tokens(1)
         out = Senders()

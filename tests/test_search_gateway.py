@@ -191,9 +191,10 @@ BAD = "search-test-bad"
 BAD_INPUTS = [
     ("unknown collection", "post", "/collections/no-such/search", {"text": "x"}, 404, "no-such"),
     ("unknown collection points", "post", "/collections/no-such/points", {"points": [{"id": "a", "text": "x"}]}, 404, "no-such"),
-    ("wrong vector dimension", "post", f"/collections/{BAD}/search", {"vector": [0.1, 0.2, 0.3]}, 400, "dimension"),
+    # the collection's dimension, a CLIP model: state, so a 409 (issue 52)
+    ("wrong vector dimension", "post", f"/collections/{BAD}/search", {"vector": [0.1, 0.2, 0.3]}, 409, "dimension"),
     ("wrong point vector dimension", "post", f"/collections/{BAD}/points",
-     {"points": [{"id": "a", "text": "ok"}, {"id": "b", "vector": [1.0, 2.0]}]}, 400, "dimension"),
+     {"points": [{"id": "a", "text": "ok"}, {"id": "b", "vector": [1.0, 2.0]}]}, 409, "dimension"),
     ("non-image", "post", f"/collections/{BAD}/points",
      {"points": [{"id": "a", "text": "ok"}, {"id": "b", "image": b64(b"not an image at all")}]}, 400, "image"),
     ("image over the megapixel limit", "post", f"/collections/{BAD}/points",
@@ -214,7 +215,7 @@ BAD_INPUTS = [
     ("reserved payload key", "post", f"/collections/{BAD}/points",
      {"points": [{"id": "a", "text": "x", "payload": {"__id": "b"}}]}, 400, "reserved"),
     ("model not loaded", "put", "/collections/search-test-nomodel", {"model": "demo_models/nothing-here"}, 404, "nothing-here"),
-    ("not a CLIP model", "put", "/collections/search-test-st", {"model": "sentence-transformers/all-MiniLM-L6-v2"}, 400, "CLIP"),
+    ("not a CLIP model", "put", "/collections/search-test-st", {"model": "sentence-transformers/all-MiniLM-L6-v2"}, 409, "CLIP"),
     ("unknown store", "put", "/collections/search-test-store", {"model": CLIP_DEMO, "store": "milvus"}, 400, "store"),
 ]
 

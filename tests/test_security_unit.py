@@ -17,7 +17,7 @@ from gateway.pages.openapi import complete
 from gateway.middleware.policy import ROUTES, cap, texts_cap
 from gateway.middleware.auth import KEY_SCOPE
 from gateway.keys import ApiKey
-from gateway.middleware.quotas import SWEEP_S, QuotaBook, Quotas, SweptMemoryStorage, completion_budget, rate_storage, reset_text
+from gateway.middleware.quotas import SWEEP_S, QuotaBook, Quotas, SweptMemoryStorage, rate_storage, reset_text
 from gateway.settings import Settings
 from launcher.exposure import gateway_keys, triton_host
 from launcher.triton_server import TritonServer
@@ -105,9 +105,7 @@ def test_body_caps_follow_each_routes_limits():
 
 
 def test_quota_arithmetic():
-    assert completion_budget({"prompt": ["a", "b"], "max_tokens": 10, "n": 3}) == 60
-    assert completion_budget({"prompt": "a"}) == 16  # OpenAI's default max_tokens
-    assert completion_budget({"prompt": "a", "max_tokens": "many"}) == 1 and completion_budget([1]) == 1
+    # a completion's token budget: tests/test_completions_unit.py (ResolvedCompletion.budget)
     assert reset_text(0.25) == "250ms" and reset_text(1.0) == "1s" and reset_text(90) == "1m30s"
 
 

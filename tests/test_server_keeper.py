@@ -10,7 +10,9 @@ import time
 import pytest
 
 from launcher.keeper import CrashLoop, RestartPolicy, describe_exit
+from launcher.processes import free_port
 from launcher.server_keeper import ServerKeeper
+from launcher.service import Service
 
 
 def test_describe_exit():
@@ -27,36 +29,46 @@ def test_backoff_doubles_and_a_crash_loop_is_refused():
     assert policy.next_delay(61) == 3  # the first has left the window: two remain in it
 
 
-class FakeServer:
-    """A TritonServer's surface: each start runs the next script (a python -c line)."""
+class FakeServer(Service):
+    """A TritonServer's surface: each launch runs the next script (a python -c line), on ports of its own."""
+
+    name = "tritonserver"
+    poll_s = 0.02
 
     def __init__(self, scripts: list[str], log_file):
         self.scripts, self.log_file = list(scripts), log_file
         self.process: subprocess.Popen | None = None
         self.starts = self.stops = 0
         self.explicit_models = None
+        self.host = self.metrics_host = "127.0.0.1"
+        self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.last_exit_code = None
 
-    def start(self, timeout=0, append_log=False):
+    def launch(self, append_log=False):
         self.starts += 1
         self.process = subprocess.Popen([sys.executable, "-c", self.scripts.pop(0)])
-        return self
+
+    def is_up(self):
+        return self.process is not None and self.process.poll() is None
 
     def note_regions(self):
         pass
 
     def stop(self, timeout=0):
         self.stops += 1
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.kill()
+            self.last_exit_code = self.process.wait()
         self.process = None
 
 
 def test_an_abnormal_exit_is_restarted_and_a_stop_is_not(tmp_path):
     server = FakeServer(["import os; os.abort()", "import time; time.sleep(60)"], tmp_path / "log")
-    server.start()
     ups = []
-    keeper = ServerKeeper(server, RestartPolicy(backoff_s=0.05), on_up=lambda: ups.append(time.time())).start_watching()
+    keeper = ServerKeeper(server, RestartPolicy(backoff_s=0.05), on_up=lambda: ups.append(time.time()))
+    keeper.start(timeout=10)
+    keeper.start_watching()
     deadline = time.monotonic() + 20
     while not ups and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -69,9 +81,9 @@ def test_an_abnormal_exit_is_restarted_and_a_stop_is_not(tmp_path):
 def test_a_crash_loop_gives_up_naming_the_cause_and_the_log(tmp_path):
     log = tmp_path / "tritonserver.log"
     log.write_text("E1125 something went wrong in the stub\n")
-    server = FakeServer(["import sys; sys.exit(3)"] * 4, log)
-    server.start()
+    server = FakeServer(["import time; time.sleep(0.5); raise SystemExit(3)"] + ["import sys; sys.exit(3)"] * 3, log)
     keeper = ServerKeeper(server, RestartPolicy(max_restarts=2, backoff_s=0.01))
+    keeper.start(timeout=10)
     with pytest.raises(CrashLoop) as caught:
         keeper.watch()
     message = str(caught.value)
@@ -81,20 +93,17 @@ def test_a_crash_loop_gives_up_naming_the_cause_and_the_log(tmp_path):
 
 
 def test_a_clean_exit_is_not_restarted(tmp_path):
-    server = FakeServer(["pass"], tmp_path / "log")
-    server.start()
-    assert ServerKeeper(server).watch() == 0 and server.starts == 1
+    server = FakeServer(["import time; time.sleep(0.5)"], tmp_path / "log")
+    keeper = ServerKeeper(server)
+    keeper.start(timeout=10)
+    assert keeper.watch() == 0 and server.starts == 1
 
 
 class FailingStart(FakeServer):
-    """Its first start dies while starting, as TritonServer.start raises then."""
+    """Its first start dies while starting (answers only from the second launch on)."""
 
-    def start(self, timeout=0, append_log=False):
-        super().start(timeout, append_log)
-        if self.starts == 1:
-            self.process.wait()
-            raise RuntimeError(f"tritonserver exited with code {self.process.returncode}")
-        return self
+    def is_up(self):
+        return self.starts > 1 and super().is_up()
 
 
 def test_a_server_dying_while_it_starts_is_restarted(tmp_path):
@@ -102,5 +111,5 @@ def test_a_server_dying_while_it_starts_is_restarted(tmp_path):
     keeper = ServerKeeper(server, RestartPolicy(backoff_s=0.01))
     keeper.start()
     assert server.starts == 2 and server.process.poll() is None
-    assert keeper.restarts[0].cause == "died while starting: tritonserver exited with code -6"
+    assert keeper.restarts[0].cause == "died while starting: aborted (SIGABRT)"
     keeper.stop()

@@ -27,8 +27,9 @@ import pytest
 from bench.workload import pipelines
 from launcher.gateway_process import GatewayProcess
 from launcher.paths import ROOT
-from launcher.processes import free_port, process_tree, shm_regions_mapped
+from launcher.processes import free_port
 from supervisor.codegen_probe import stream_call
+from supervisor.processes import process_tree, shm_regions_mapped
 from test_supervisor_launcher import running, tritonserver_pid
 
 pytestmark = pytest.mark.integration
@@ -120,6 +121,8 @@ def test_kill_9_tritonserver_under_load_everything_serves_again(topology, tmp_pa
     env = dict(os.environ, DATA_DIR=str(data), PRELOAD_MODELS=f"clip:{CLIP}", ONNX_CACHE_DIR=str(onnx_cache),
                HF_ENDPOINT="http://127.0.0.1:9", **{k: str(v) for k, v in ports.items()})
     env.pop("LOAD_MODELS", None)  # every shipped model, as `make triton`
+    # one server with every model: its death is everyone's (one per domain: tests/test_domains_server.py)
+    env["TRITON_DOMAINS"] = "one"
     log_path = tmp_path / "launcher.log"
     command = [sys.executable, "-m", "launcher"]
     if topology == "separate":

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FILES = ("launcher/setup.sh", "requirements.txt", "constraints.txt", "requirements-gpu.txt")
+FILES = ("launcher/setup.sh", "requirements.txt", "constraints.txt", "requirements-gpu.txt", "pyproject.toml")
 
 FAKE_PIP = """#!/usr/bin/env bash
 here=$(dirname "$0")
@@ -74,9 +74,11 @@ def stamp(tree: Path) -> str:
 
 
 def cpu_stamp_formula(tree: Path) -> str:
-    """The CPU stamp as it always was: requirements.txt, constraints.txt and setup.sh, nothing GPU."""
+    """The CPU stamp: requirements.txt, constraints.txt, pyproject.toml (the editable install of the tree) and
+    setup.sh, nothing GPU."""
     return hashlib.sha256(b"".join((tree / n).read_bytes() for n in
-                                   ("requirements.txt", "constraints.txt", "launcher/setup.sh"))).hexdigest()
+                                   ("requirements.txt", "constraints.txt", "pyproject.toml",
+                                    "launcher/setup.sh"))).hexdigest()
 
 
 def test_cpu_path_commands_and_stamp_are_the_plain_ones(tree):
@@ -106,6 +108,17 @@ def test_gpu_path_swaps_onnxruntime_for_the_gpu_build_with_its_own_stamp(tree):
     assert stamp(tree) != cpu
     assert run_setup(tree, gpu="1").stdout.strip() == "setup: .venv is up to date"
     assert run_setup(tree).returncode == 0 and stamp(tree) == cpu, "back to CPU installs again"
+
+
+def test_the_tree_itself_is_installed_editable_when_it_is_there(tree):
+    """An image's dependency layer runs setup.sh before the tree is copied in (no editable install then); a
+    checkout has the tree, and setup installs it editable so every room and stage imports by its name."""
+    (tree / "gateway").mkdir()
+    (tree / "backends" / "stage_common").mkdir(parents=True)
+    assert run_setup(tree).returncode == 0
+    calls = pip_calls(tree)
+    assert calls[-4:-2] == ["install --quiet setuptools>=68", "install --quiet --no-deps --no-build-isolation -e ."]
+    assert calls[-2:] == ["check", EXPORT_TOOLS]
 
 
 def test_gpu_path_refuses_a_cpu_only_torch(tree):

@@ -1,14 +1,8 @@
 """The soak's schedule and its accounting of outcomes (the run itself is `make soak`)."""
 from __future__ import annotations
 
-import importlib.util
-
+from bench import soak
 from bench.workload import Outcome
-from launcher.paths import ROOT
-
-spec = importlib.util.spec_from_file_location("soak", ROOT / "bench" / "soak.py")
-soak = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(soak)
 
 
 def test_kills_every_5_minutes_scaled_down_so_a_120s_run_has_one():

@@ -75,7 +75,7 @@ def test_a_front_that_does_not_answer_right_after_its_callees_heal_is_healed_at_
 
 def test_a_live_front_with_many_calls_stuck_on_dead_stubs_is_replaced_without_being_reported_down(
         tmp_path, monkeypatch):
-    from supervisor.state import unhealthy_models
+    from gateway.supervisor_state import unhealthy_models  # what /health reads
 
     fake, supervisor, _, killed = after_heal(tmp_path, monkeypatch, alive=True, stuck=64)
     seen: list[dict] = []

@@ -14,31 +14,23 @@ import pytest
 
 from bench.workload import Load, pipelines
 from launcher.paths import ROOT
-from launcher.processes import free_port, process_tree, shm_regions_mapped
+from launcher.processes import free_port
 from supervisor.faults import kill_stub
-from supervisor.stubs import read_proc
+from supervisor.processes import alive, command_line, process_tree, shm_regions_mapped
 
 pytestmark = pytest.mark.integration
 
 
 def tritonserver_pid(launcher_pid: int) -> int:
     for pid in process_tree(launcher_pid):
-        try:
-            if open(f"/proc/{pid}/cmdline").read().split("\0")[0].endswith("/tritonserver"):
-                return pid
-        except OSError:
-            pass
+        if (command_line(pid) or ("",))[0].endswith("/tritonserver"):
+            return pid
     raise LookupError("no tritonserver under the launcher")
 
 
 def running(pids: list[int]) -> list[int]:
     """The pids still running: neither gone nor a zombie waiting to be reaped."""
-    alive = []
-    for pid in pids:
-        proc = read_proc(pid)
-        if proc is not None and proc.state not in ("Z", "X"):
-            alive.append(pid)
-    return alive
+    return [pid for pid in pids if alive(pid)]
 
 
 def test_launcher_supervisor_heals_and_health_tells_the_truth(tmp_path):

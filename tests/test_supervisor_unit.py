@@ -1,10 +1,12 @@
-"""The supervisor's detection logic on fake /proc data, ensembles lookup and exposure settings."""
+"""The supervisor's detection logic on a fake process table (psutil's), ensembles lookup and exposure settings."""
 from __future__ import annotations
 
+import contextlib
 import time
-
-import pytest
 from pathlib import Path
+
+import psutil
+import pytest
 
 from gateway.loopback import is_loopback
 from launcher.exposure import admin_key, restricted_api_args, restriction_required
@@ -14,14 +16,52 @@ from supervisor.stubs import StubTracker, instance_of, model_of, scan_stubs
 STUB = "/work/main/backends/python/triton_python_backend_stub"
 
 
-def fake_proc(root: Path, pid: int, ppid: int, argv: list[str], state: str = "S", comm: str = "triton_python_b",
-              started: int | None = None) -> None:
-    folder = root / str(pid)
-    folder.mkdir(parents=True, exist_ok=True)
-    # stat(5): ... field 14 utime, 15 stime, ..., 22 starttime (default: the pid, i.e. started in pid order)
-    fields = [state, ppid, pid, 0, 0, -1, 4194560, 0, 0, 0, 0, 0, 0, 0, 0, 20, 0, 1, 0, pid if started is None else started]
-    (folder / "stat").write_text(f"{pid} ({comm}) " + " ".join(map(str, fields)) + "\n")
-    (folder / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + (b"\0" if argv else b""))
+class FakeProcesses:
+    """A process table at the psutil seam: psutil.Process(pid) answers from it while the test runs."""
+
+    BOOT = 1_700_000_000.0
+
+    def __init__(self, monkeypatch):
+        self.table: dict[int, dict] = {}
+        monkeypatch.setattr(psutil, "Process", self.process)
+        monkeypatch.setattr(psutil, "boot_time", lambda: self.BOOT)
+
+    def add(self, pid: int, ppid: int, argv: list[str], status: str = psutil.STATUS_SLEEPING,
+            started: float | None = None) -> None:
+        """`started`: seconds after boot (default: the pid, i.e. started in pid order)."""
+        self.table[pid] = {"ppid": ppid, "argv": argv, "status": status, "started": pid if started is None else started}
+
+    def process(self, pid: int) -> FakeProcess:
+        if pid not in self.table:
+            raise psutil.NoSuchProcess(pid)
+        return FakeProcess(self, pid)
+
+
+class FakeProcess:
+    def __init__(self, processes: FakeProcesses, pid: int):
+        self.processes, self.pid = processes, pid
+
+    def _row(self) -> dict:
+        if self.pid not in self.processes.table:
+            raise psutil.NoSuchProcess(self.pid)
+        return self.processes.table[self.pid]
+
+    def oneshot(self):
+        return contextlib.nullcontext()
+
+    def children(self) -> list[FakeProcess]:
+        self._row()
+        return [FakeProcess(self.processes, pid) for pid, row in self.processes.table.items()
+                if row["ppid"] == self.pid]
+
+    def status(self) -> str:
+        return self._row()["status"]
+
+    def cmdline(self) -> list[str]:
+        return list(self._row()["argv"])
+
+    def create_time(self) -> float:
+        return FakeProcesses.BOOT + self._row()["started"]
 
 
 def stub_argv(model: str, instance: str) -> list[str]:
@@ -36,13 +76,18 @@ def test_instance_and_model_names_come_from_the_stub_command_line():
     assert model_of("codegen_generator_0_0") == "codegen_generator"
 
 
-def test_scan_finds_live_stubs_of_this_server_only(tmp_path):
-    fake_proc(tmp_path, 100, 1, ["tritonserver", "--model-repository=/repo"], comm="tritonserver")
-    fake_proc(tmp_path, 101, 100, stub_argv("ner_decoder", "ner_decoder_0_0"))
-    fake_proc(tmp_path, 102, 100, stub_argv("ner_tagger", "ner_tagger_0_0"), comm="a (weird) name")
-    fake_proc(tmp_path, 103, 100, [], state="Z")  # a zombie: its command line is gone
-    fake_proc(tmp_path, 201, 200, stub_argv("ner_decoder", "ner_decoder_0_0"))  # another server's stub
-    assert scan_stubs(100, tmp_path) == {"ner_decoder_0_0": 101, "ner_tagger_0_0": 102}
+def test_scan_finds_live_stubs_of_this_server_only(monkeypatch):
+    processes = FakeProcesses(monkeypatch)
+    processes.add(100, 1, ["tritonserver", "--model-repository=/repo"])
+    processes.add(101, 100, stub_argv("ner_decoder", "ner_decoder_0_0"))
+    processes.add(102, 100, stub_argv("ner_tagger", "ner_tagger_0_0"))
+    processes.add(103, 100, [], status=psutil.STATUS_ZOMBIE)  # a zombie: its command line is gone
+    # a zombie whose command line is still read is no live stub either
+    processes.add(104, 100, stub_argv("ner_tagger", "ner_tagger_0_1"), status=psutil.STATUS_ZOMBIE)
+    processes.add(105, 100, ["/usr/bin/python3", "helper_0_0"])  # not a stub
+    processes.add(201, 200, stub_argv("ner_decoder", "ner_decoder_0_0"))  # another server's stub
+    assert scan_stubs(100) == {"ner_decoder_0_0": 101, "ner_tagger_0_0": 102}
+    assert scan_stubs(999) == {}, "a server gone has no stubs"
 
 
 def by_pid(instances: dict[str, int]) -> dict[int, str]:
@@ -161,9 +206,9 @@ def test_restriction_applies_off_loopback_or_when_forced(tmp_path):
     assert generated and len(key) > 30 and (tmp_path / "key").stat().st_mode & 0o077 == 0
     assert admin_key(tmp_path / "key", {}) == (key, True)  # kept across restarts
     assert admin_key(tmp_path / "key", {"TRITON_ADMIN_KEY": "k"}) == ("k", False)
-    assert restricted_api_args("k") == [
-        "--grpc-restricted-protocol=model-repository,shared-memory:triton-admin-key=k",
-        "--http-restricted-api=model-repository,shared-memory:triton-admin-key=k"]
+    assert restricted_api_args() == [  # the key itself never (tests/test_abuse3_admin_key.py)
+        "--grpc-restricted-protocol=model-repository,shared-memory:triton-admin-key=@TRITON_ADMIN_KEY@",
+        "--http-restricted-api=model-repository,shared-memory:triton-admin-key=@TRITON_ADMIN_KEY@"]
 
 
 class FakeTriton:
@@ -199,7 +244,7 @@ def test_heal_reports_the_model_and_its_ensembles_then_reloads_with_a_config_ove
     import json
 
     from supervisor.monitor import Supervisor
-    from supervisor.state import unhealthy_models
+    from gateway.supervisor_state import unhealthy_models  # what /health reads
 
     fake, state = FakeTriton(fail_loads=1), tmp_path / "run" / "state.json"
     seen = []
@@ -362,27 +407,18 @@ def test_a_blocked_canary_does_not_delay_the_healing_of_a_dead_stub(tmp_path, mo
         supervisor.stop()
 
 
-def test_cpu_ticks_are_user_plus_system_time(tmp_path):
-    from supervisor.stubs import cpu_ticks
-
-    (tmp_path / "7").mkdir()
-    # fields 14 and 15 of stat(5) are utime and stime; the command name may hold spaces and parentheses
-    (tmp_path / "7" / "stat").write_text("7 (a (b) c) S 1 7 7 0 -1 4194560 10 0 0 0 123 45 0 0 20 0 1 0\n")
-    assert cpu_ticks(7, tmp_path) == 168
-    assert cpu_ticks(8, tmp_path) is None
-
-
-def test_two_stubs_of_one_instance_are_both_scanned(tmp_path):
+def test_two_stubs_of_one_instance_are_both_scanned(monkeypatch):
     from supervisor.stubs import by_instance, of_model, scan_stub_pids
 
-    fake_proc(tmp_path, 100, 1, ["tritonserver"], comm="tritonserver")
-    fake_proc(tmp_path, 101, 100, stub_argv("enc", "enc_0_0"))  # the old version's, alive after a reload
-    fake_proc(tmp_path, 105, 100, stub_argv("enc", "enc_0_0"))
-    assert scan_stub_pids(100, tmp_path) == {101: "enc_0_0", 105: "enc_0_0"}
-    assert scan_stubs(100, tmp_path) == {"enc_0_0": 105}  # the newer
-    assert by_instance(scan_stub_pids(100, tmp_path), exclude={105}) == {"enc_0_0": 101}
-    fake_proc(tmp_path, 99, 100, stub_argv("enc", "enc_0_0"), started=1000)  # a reused pid, started last
-    assert scan_stubs(100, tmp_path) == {"enc_0_0": 99}, "the one that started last, not the higher pid"
+    processes = FakeProcesses(monkeypatch)
+    processes.add(100, 1, ["tritonserver"])
+    processes.add(101, 100, stub_argv("enc", "enc_0_0"))  # the old version's, alive after a reload
+    processes.add(105, 100, stub_argv("enc", "enc_0_0"))
+    assert scan_stub_pids(100) == {101: "enc_0_0", 105: "enc_0_0"}
+    assert scan_stubs(100) == {"enc_0_0": 105}  # the newer
+    assert by_instance(scan_stub_pids(100), exclude={105}) == {"enc_0_0": 101}
+    processes.add(99, 100, stub_argv("enc", "enc_0_0"), started=1000)  # a reused pid, started last
+    assert scan_stubs(100) == {"enc_0_0": 99}, "the one that started last, not the higher pid"
     assert of_model({101: "enc_0_0", 102: "encoder_0_0"}, "enc") == {101: "enc_0_0"}
 
 
@@ -397,19 +433,19 @@ class FakeClock:
 def test_an_orphan_is_killed_once_idle_and_a_busy_one_only_when_overdue():
     from supervisor.orphans import Orphans
 
-    ticks, killed, clock = {5: 100, 6: 200, 7: 300}, [], FakeClock()
-    orphans = Orphans(idle_s=5, max_age_s=60, ticks=ticks.get, kill=killed.append, clock=clock)
+    cpu, killed, clock = {5: 1.0, 6: 2.0, 7: 3.0}, [], FakeClock()
+    orphans = Orphans(idle_s=5, max_age_s=60, cpu=cpu.get, kill=killed.append, clock=clock)
     orphans.adopt("enc", {5, 6, 7})
     clock.now = 3
-    ticks[6] += 10  # still finishing the requests it had when the reload came
+    cpu[6] += 0.1  # still finishing the requests it had when the reload came
     assert orphans.retire({5, 6, 7}) == [] and killed == []
     clock.now = 5.5
     assert orphans.retire({5, 6}) == [("enc", 5, "idle for 5.5 s")]  # 7 exited by itself: forgotten
     assert killed == [5] and orphans.pids() == {6}
     for second in range(6, 60):  # busy all along (a hung stub spinning)
-        clock.now, ticks[6] = second, ticks[6] + 1
+        clock.now, cpu[6] = second, cpu[6] + 0.01
         assert orphans.retire({6}) == []
-    clock.now, ticks[6] = 60, ticks[6] + 1
+    clock.now, cpu[6] = 60, cpu[6] + 0.01
     assert orphans.retire({6}) == [("enc", 6, "still busy 60 s after the reload")] and killed == [5, 6]
     assert orphans.pids() == set()
 
@@ -421,7 +457,7 @@ def test_an_orphan_that_exits_as_it_is_killed_is_not_reported():
         raise ProcessLookupError(pid)
 
     clock = FakeClock()
-    orphans = Orphans(idle_s=1, ticks=lambda pid: 1, kill=gone, clock=clock)
+    orphans = Orphans(idle_s=1, cpu=lambda pid: 0.01, kill=gone, clock=clock)
     orphans.adopt("enc", {5})
     clock.now = 2
     assert orphans.retire({5}) == [] and orphans.pids() == set()
@@ -442,7 +478,7 @@ def test_a_heal_retires_the_old_versions_surviving_stub_once_idle(tmp_path, monk
     killed, clock = [], FakeClock()
     supervisor = Supervisor(1, "unused", tmp_path / "s.json", client=fake)
     supervisor.started = in_pid_order
-    supervisor.orphans = Orphans(idle_s=5, ticks=lambda pid: 42, kill=lambda pid: (killed.append(pid), stubs.pop(pid)),
+    supervisor.orphans = Orphans(idle_s=5, cpu=lambda pid: 0.42, kill=lambda pid: (killed.append(pid), stubs.pop(pid)),
                                  clock=clock)
     supervisor.check_once()
     del stubs[6]  # kill -9 of enc_0_1
@@ -522,7 +558,7 @@ def test_an_old_fronts_stub_is_retired_only_when_its_own_count_says_no_request_i
 
     counts, killed, clock = {5: 3}, [], FakeClock()
     # pid 5 counts its requests (a BLS front waiting on its callee: no CPU), pid 6 does not (CPU rule)
-    orphans = Orphans(idle_s=5, max_age_s=600, ticks=lambda pid: 42, kill=killed.append, clock=clock,
+    orphans = Orphans(idle_s=5, max_age_s=600, cpu=lambda pid: 0.42, kill=killed.append, clock=clock,
                       in_flight=lambda: dict(counts))
     orphans.adopt("codegen_stream", {5})
     orphans.adopt("enc", {6})

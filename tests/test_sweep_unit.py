@@ -2,15 +2,10 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "client"), str(ROOT / "backends")]
-
-import sweep  # noqa: E402
+from bench import sweep
 
 ROW = {"pipeline": "ner", "concurrency": 32, "shipped_rps": 70.0, "shipped_p50_ms": 400.0, "best": "db-i1-b64",
        "best_rps": 75.0, "peer_rps": 35.0, "peer_p50_ms": 800.0, "limit": 80.0, "limit_end": 70.0,

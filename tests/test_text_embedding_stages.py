@@ -9,7 +9,7 @@ import fake_pb_utils as pb
 from mean_pooling.pooling import mean_pool_normalize
 from model_configs import MODEL_REPOSITORY, load_python_model
 from text_tokenizer.tokenization import TextTokenizer
-from transformer_encoder.encoder import pad_together
+from stage_common.padding import pad_together
 
 TEXTS = ["A man is eating food.", "", "   padded   ", "Ünïcödé naïve café 東京 🙂", "word " * 400]
 

@@ -1,4 +1,4 @@
-"""Stages that run no network must not import torch: every stub that does costs ~230 MiB.
+"""Stages that run no network must not import torch: every stub that does carries torch's memory and import time.
 A model declares that it runs torch with the `torch_threads` parameter; all others must stay torch-free.
 The models the gateway generates at registration are checked too: their encoders (clip_encoder,
 transformer_encoder) run on ONNX Runtime over the graphs exported then, without torch or transformers."""

@@ -1,8 +1,9 @@
-"""What the codegen fronts pass as `trace=` to their BLS calls: codegen_stream's unary preprocessing call
-carries the request's trace (`request.trace()`), so Triton traces it in the request's trace (a BLS call
-without it is never traced); decoupled calls into the generator carry none, because a decoupled BLS call
-given a trace crashes Triton 2.51 in OpenTelemetry mode (docs/observability.md, tests/test_tracing_server.py):
-they carry the request's W3C traceparent as a request parameter instead."""
+"""What the codegen fronts pass as `trace=` to their BLS calls: nothing, ever. Their calls run on worker threads
+after `execute` returned, when Triton 2.51 has already released the request and its trace; a BLS call given
+`trace=request.trace()` then spawns a child of freed memory and crashes the server (Signal 11 in
+TRITONSERVER_ServerInferAsync: docs/observability.md, tests/test_tracing_server.py). Every call that should join
+the trace (codegen_stream's preprocessing call, the first call of each generation) carries the request's W3C
+traceparent as a request parameter instead, a string the stub copied."""
 from __future__ import annotations
 
 import json
@@ -59,20 +60,21 @@ def test_codegen_collect_passes_no_trace_to_its_decoupled_generator_calls(monkey
     assert all(trace is None for _, _, trace, _, _ in recorder.calls)
 
 
-def test_codegen_stream_traces_its_preprocessing_and_not_its_decoupled_generator_calls(monkeypatch):
+def test_codegen_stream_passes_no_trace_to_any_call(monkeypatch):
     recorder = Recorder()
     monkeypatch.setattr(pb, "bls_handler", recorder)
     model = load_python_model("codegen_stream")
     try:
-        request = pb.InferenceRequest({"text_input": np.array([[b"def f():"]], np.object_),
-                                       "max_tokens": np.array([[2]], np.int32)})
+        request = _traced(pb.InferenceRequest({"text_input": np.array([[b"def f():"]], np.object_),
+                                               "max_tokens": np.array([[2]], np.int32)}))
         model.execute([request])
         assert request.sender.answered.wait(WAIT)
         assert not any(response is not None and response.has_error() for response, _ in request.sender.sent)
     finally:
         model.finalize()
     (preprocess, *generator) = [call for call in recorder.calls if "probe" not in call[3]]
-    assert preprocess[0] == "codegen_preprocess" and preprocess[2] is request.trace()
+    assert preprocess[0] == "codegen_preprocess" and preprocess[2] is None
+    assert json.loads(preprocess[4]) == {"traceparent": TRACEPARENT}, "the preprocessing's span joins the trace"
     assert generator and all(name == "codegen_generator" and trace is None for name, _, trace, _, _ in generator)
 
 
@@ -121,3 +123,26 @@ def test_codegen_stream_passes_its_traceparent_on_the_generation_call_only(monke
         model.finalize()
     first, *fetches = _generator_parameters(recorder)
     assert first == {"traceparent": TRACEPARENT} and all(p == {} for p in fetches)
+
+
+def test_codegen_preprocess_makes_its_span_under_the_callers_traceparent():
+    """What codegen_stream's preprocessing call carries instead of trace=: the span it turns into."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from stage_common.tracing import StageTracing
+
+    model = load_python_model("codegen_preprocess")
+    exporter = InMemorySpanExporter()
+    model.tracing = StageTracing(None, "codegen_preprocess", exporter=exporter)
+    try:
+        traced = pb.InferenceRequest({"text_input": np.array([[b"def f():"]], np.object_)},
+                                     parameters={"traceparent": TRACEPARENT})
+        untraced = pb.InferenceRequest({"text_input": np.array([[b"x = 1"]], np.object_)})
+        assert not any(r.has_error() for r in model.execute([traced, untraced]))
+    finally:
+        model.finalize()  # exports what is left
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "codegen_preprocess.encode"
+    assert format(span.context.trace_id, "032x") == TRACEPARENT.split("-")[1]
+    assert format(span.parent.span_id, "016x") == TRACEPARENT.split("-")[2]
+    assert span.attributes["codegen.batch_requests"] == 2

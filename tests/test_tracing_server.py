@@ -4,9 +4,9 @@ the SDK). This module starts its own Triton with the trace config `make triton` 
 shared Triton runs without tracing) and its own gateway with the OTEL_* variables, ACCESS_LOG=1 and
 LOG_FORMAT=json. One /v1/embeddings, one /v1/completions stream and one failing request (an image sent to
 a text-only model): one trace id across the gateway's and Triton's spans, every parent present, the
-ensemble's stages and the unary BLS call named, the generator's own sequence span under its front, the ids
+ensemble's stages named, the preprocessing's and the generator's own spans under their front, the ids
 in headers, error body and log lines, and no input text, prompt, key or image bytes in any span attribute or
-log line."""
+log line. Then issue 56's heavy request (64 sequences with logprobs), traced three times: Triton stays up."""
 from __future__ import annotations
 
 import base64
@@ -153,7 +153,8 @@ def test_a_completions_stream_is_one_trace_from_its_first_token_to_its_last_even
     assert stream.status_code == 200 and [line for line in exchanges["stream_lines"] if line][-1] == "data: [DONE]"
     trace_id = trace_of(stream)
     call_name = "inference.GRPCInferenceService/ModelStreamInfer"
-    spans = collected(receiver, trace_id, {"POST /v1/completions", call_name, "codegen_stream", "codegen_preprocess"})
+    spans = collected(receiver, trace_id, {"POST /v1/completions", call_name, "codegen_stream",
+                                           "codegen_preprocess.encode"})
     root = assert_one_tree(spans, "POST /v1/completions")
     events = {e.name: e.time_unix_nano for e in root.span.events}
     assert "first_token" in events
@@ -165,12 +166,12 @@ def test_a_completions_stream_is_one_trace_from_its_first_token_to_its_last_even
     (call,) = [s for s in spans if s.name == call_name]
     assert call.parent_id == root.span_id and "first_response" in {e.name for e in call.span.events}
     triton = {s.name for s in spans if s.service == "triton-inference-server"}
-    # codegen_stream's unary BLS call (request.trace() passed) is traced in the same trace; its decoupled
-    # calls into the generator are not (a trace passed to one crashes Triton 2.51: docs/observability.md)
-    assert {"codegen_stream", "codegen_preprocess", "compute"} <= triton, triton
+    # codegen_stream's BLS calls carry no trace= (made after execute returned, they would spawn a child of a freed
+    # trace: docs/observability.md): its preprocessing makes its own span under the traceparent it is passed
+    assert {"codegen_stream", "codegen_preprocess.encode", "compute"} <= triton, triton
     (front,) = [s for s in spans if s.name == "codegen_stream"]
-    (preprocess,) = [s for s in spans if s.name == "codegen_preprocess"]
-    assert preprocess.parent_id == front.span_id, "the BLS child under its caller's span"
+    (preprocess,) = [s for s in spans if s.name == "codegen_preprocess.encode"]
+    assert preprocess.parent_id == front.span_id, "the preprocessing's span under its caller's span"
 
 
 def test_the_generators_own_span_is_in_the_completions_trace_under_its_front(receiver, exchanges):
@@ -195,14 +196,14 @@ def test_the_generators_own_span_is_in_the_completions_trace_under_its_front(rec
 
 def test_a_failing_request_can_be_looked_up_by_its_ids(receiver, exchanges):
     failing = exchanges["failing"]
-    assert failing.status_code == 400, failing.text
+    assert failing.status_code == 409, failing.text
     error = failing.json()["error"]
     assert error["request_id"] == failing.headers["x-request-id"]
     trace_id = trace_of(failing)
     spans = collected(receiver, trace_id, {"POST /infer"})
     root = assert_one_tree(spans, "POST /infer")
     attributes = root.attributes()
-    assert attributes["http.response.status_code"] == 400
+    assert attributes["http.response.status_code"] == 409  # a text-only model asked for an image: a conflict with its state
     assert attributes["gateway.request_id"] == error["request_id"]
     assert not [s for s in spans if s.service == "triton-inference-server"], "refused before Triton"
 
@@ -235,3 +236,36 @@ def test_no_span_and_no_log_line_holds_a_key_a_text_or_an_image(receiver, traced
     for what, secret in secrets.items():
         assert secret not in dumped, f"{what} is in a span"
         assert secret not in log, f"{what} is in the gateway's log"
+
+
+def test_the_heavy_traced_request_of_issue_56_leaves_triton_up(receiver, traced_triton, traced_gateway, exchanges):
+    """Issue 56 item 1: 8 prompts x n 8 with logprobs 5, greedy, traced at 100%, crashed Triton 2.51 (Signal 11 in
+    TRITONSERVER_ServerInferAsync: a BLS call given a trace its request had already released). Three times, each
+    answered in full under one trace, and the same server process serves on."""
+    pid = traced_triton.process.pid
+    prompts = [f"def heavy_{i}(x):" for i in range(8)]
+    with httpx.Client(base_url=traced_gateway.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=600) as http:
+        for _ in range(3):
+            r = http.post("/v1/completions", json={"model": "codegen", "prompt": prompts, "n": 8, "logprobs": 5,
+                                                   "temperature": 0, "max_tokens": 32})
+            assert r.status_code == 200, r.text
+            choices = r.json()["choices"]
+            assert len(choices) == 64 and all(c["logprobs"]["tokens"] for c in choices)
+            deadline, trace_id = time.monotonic() + WAIT_S, trace_of(r)
+            while True:  # every sequence's span (exports come in batches)
+                spans = [s for s in receiver.spans() if s.trace_id == trace_id]
+                counts = {name: len([s for s in spans if s.name == name])
+                          for name in ("codegen_preprocess.encode", "codegen_generator.sequence")}
+                ids = {s.span_id for s in spans}
+                whole = all(not s.parent_id or s.parent_id in ids for s in spans)
+                if (set(counts.values()) == {64} and whole) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            # every sequence's two spans, or neither. Known gap (docs/observability.md, "Gaps"): in the whole suite
+            # on the 2-core box 1 and 3 of 64 sequences had no span in two runs (alone: 64 of 64, every run)
+            assert counts["codegen_preprocess.encode"] == counts["codegen_generator.sequence"] >= 56, counts
+            assert_one_tree(spans, "POST /v1/completions")
+        assert traced_triton.process.poll() is None and traced_triton.process.pid == pid, "Triton died"
+        assert traced_triton.is_up()
+        after = http.post("/v1/completions", json={"model": "codegen", "prompt": PROMPT, "max_tokens": 4})
+        assert after.status_code == 200, after.text

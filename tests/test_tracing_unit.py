@@ -168,7 +168,9 @@ def test_a_traced_request_is_one_server_span_with_its_stages_and_a_traceparent(t
 
     async def scenario():
         options = {"telemetry": TelemetryOptions(URL), "tracer_provider": provider}
-        async with inprocess_gateway(tmp_path, app_options=options) as (_app, client):
+        # the in-process client is 127.0.0.1: a trusted source, whose trace goes on (tests/test_abuse3_tracing.py)
+        async with inprocess_gateway(tmp_path, app_options=options,
+                                     trace_trusted_sources=("127.0.0.1",)) as (_app, client):
             return await client.post("/v1/embeddings", json={"model": MINILM, "input": [SECRET_TEXT]},
                                      headers={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"})
 
@@ -243,7 +245,7 @@ def test_the_triton_call_carries_the_w3c_context_of_its_client_span(traced):
 
     async def scenario():
         engine = TritonEngine("127.0.0.1:1")
-        engine.client._client_stub = Stub()
+        engine.stub = Stub()
         tracer = provider.get_tracer("test")
         spans.TRACER.set(tracer)
         try:

@@ -44,9 +44,14 @@ def data_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def triton(tmp_path_factory, data_dir) -> LiveServer:
+    from codegen_engines import exact_repository
+
     log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
+    # model_repository/ with the generator in f32, the exact mode the tests hold served codegen to transformers in
+    repository = exact_repository(tmp_path_factory.mktemp("models"))
     server = TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          explicit_models=[], log_file=log, extra_repositories=[data_dir / "triton_models"])
+                          model_repository=repository, explicit_models=[], log_file=log,
+                          extra_repositories=[data_dir / "triton_models"])
     server.start(timeout=120)
     try:
         yield LiveServer(server)

@@ -372,7 +372,6 @@ def live_promql_check(workdir: Path, low_concurrency: int = 1, high_concurrency:
                       phase_seconds: float = 15.0) -> LiveResult:
     """tritonserver (text_embedding) + the gateway + Prometheus scraping both; light then heavy load on
     text_embedding and a few gateway calls; then every expression is evaluated."""
-    sys.path.insert(0, str(ROOT))
     from launcher.gateway_process import GatewayProcess
     from launcher.processes import free_port
     from launcher.triton_server import TritonServer
@@ -463,5 +462,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     sys.exit(main())

@@ -198,7 +198,6 @@ def stand_in_tagger(folder: Path) -> None:
     import torch
     from safetensors.torch import save_file
 
-    sys.path.insert(0, str(ROOT / "backends"))
     from build.ner import CHAR_EMBEDDING_SCALE, CHAR_INPUT_SCALE, CHAR_RECURRENT_SCALE
     from ner_tagger.tagger import NerTagger
 
@@ -272,5 +271,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     sys.exit(main())

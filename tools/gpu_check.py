@@ -267,22 +267,47 @@ def gpu_memory_by_pid() -> dict[int, int]:
     return usage
 
 
-def stage_devices(server_pid: int, kind: str, pipelines: list[str]) -> dict[str, str]:
-    """What each pipeline's network stage runs on: the kind Triton gave it and, where nvidia-smi shows them, its
-    stubs' GPU memory (a GPU instance that loaded passed the stage's device check: it is on the GPU)."""
+def gpu_placement_problem(config: object) -> str | None:
+    """What keeps a model off the GPU in Triton's own view, its config as the server serves it
+    (GET /v2/models/<model>/config: every instance group KIND_GPU with its GPUs), or None when all are on one."""
+    groups = config.get("instance_group") if isinstance(config, dict) else None
+    if not groups:
+        return f"Triton's config shows no instance group: {str(config)[:200]}"
+    wrong = [f"{g.get('kind')} gpus {g.get('gpus', [])}" for g in groups if g.get("kind") != "KIND_GPU" or
+             not g.get("gpus")]
+    return f"Triton placed instance group(s) on {', '.join(wrong)}, not KIND_GPU" if wrong else None
+
+
+def stage_devices(server_pid: int, kind: str, pipelines: list[str], client: "Client | None" = None
+                  ) -> tuple[dict[str, str], dict[str, str]]:
+    """({pipeline: what its network stage runs on}, {pipeline: why it is not on the GPU}): on a KIND_GPU run,
+    the instance groups Triton's served config gives the stage (its GPUs; any other kind is a failure) and, where
+    nvidia-smi shows them, its stubs' GPU memory (a GPU instance that loaded passed the stage's device check)."""
     from supervisor.stubs import model_of, scan_stub_pids
 
     memory = gpu_memory_by_pid()
     stubs = scan_stub_pids(server_pid)
-    out = {}
+    out, problems = {}, {}
     for pipeline in pipelines:
         stage = STAGE_OF[pipeline]
         if kind != "KIND_GPU":
             out[pipeline] = f"CPU ({stage})"
             continue
+        gpus = "GPU 0"
+        if client is not None:
+            try:
+                status, config = client.get(f"/v2/models/{stage}/config")
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                client.connection.close()
+                status, config = type(exc).__name__, None
+            problem = gpu_placement_problem(config) if status == 200 else f"config not served: {status}"
+            if problem is not None:
+                problems[pipeline] = f"{stage}: {problem}"
+            else:
+                gpus = "GPU " + ",".join(str(g) for group in config["instance_group"] for g in group["gpus"])
         used = [memory[pid] for pid, instance in stubs.items() if model_of(instance) == stage and pid in memory]
-        out[pipeline] = f"GPU 0 ({stage}" + (f": {sum(used)} MiB in {len(used)} stub(s))" if used else ")")
-    return out
+        out[pipeline] = f"{gpus} ({stage}" + (f": {sum(used)} MiB in {len(used)} stub(s))" if used else ")")
+    return out, problems
 
 
 def wait_loaded(client: Client, process, timeout: float) -> dict[str, dict]:
@@ -333,7 +358,9 @@ def serve_and_check(kind: str, pipelines: list[str], runtime: str, load_s: float
                 run.outputs[pipeline] = client.infer(pipeline, *request_of(pipeline))
             except Exception as exc:  # noqa: BLE001 - reported in the table
                 run.failures[pipeline] = str(exc)[:300]
-        run.devices = stage_devices(server.process.pid, kind, pipelines)
+        run.devices, off_gpu = stage_devices(server.process.pid, kind, pipelines, client)
+        for pipeline, problem in off_gpu.items():  # answered, but not where it should have been computed
+            run.failures.setdefault(pipeline, problem)
         for pipeline in ("text_embedding", "codegen"):
             if pipeline in run.outputs and load_s > 0:
                 run.loads[pipeline] = measure(server.http_url, pipeline, 16, load_s)
@@ -383,14 +410,43 @@ def table(cpu: Run, gpu: Run | None, pipelines: list[str]) -> tuple[str, bool]:
     return "\n".join(rows), ok
 
 
+def gpu_tests_verdict(junit: Path, gpu_visible: bool) -> tuple[bool, str]:
+    """(passed, summary) of the gpu tests' pytest run from its --junitxml report. A run in which nothing ran is
+    no pass (pytest's exit status 5 says so only when nothing was collected; all skipped exits 0), and where a
+    GPU is visible every test must run: a skip there means a part of the GPU path went unchecked."""
+    import xml.etree.ElementTree as ElementTree
+
+    if not junit.is_file():
+        return False, f"no report {junit}: pytest did not finish"
+    cases = list(ElementTree.parse(junit).getroot().iter("testcase"))
+    skipped = [c for c in cases if c.find("skipped") is not None]
+    failed = [c for c in cases if c.find("failure") is not None or c.find("error") is not None]
+    summary = f"{len(cases) - len(skipped) - len(failed)} passed, {len(failed)} failed, {len(skipped)} skipped"
+    reasons = "".join(f"\n  skipped {c.get('classname')}::{c.get('name')}: {c.find('skipped').get('message')}"
+                      for c in skipped)
+    if not cases or len(skipped) == len(cases):
+        return False, f"no gpu test ran ({summary}){reasons}"
+    if failed:
+        return False, summary + reasons
+    if gpu_visible and skipped:
+        return False, f"{summary}: a GPU is visible, so none may skip{reasons}"
+    return True, summary + reasons
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-only", action="store_true", help="the CPU run alone (no GPU visible, or a dry run)")
+    parser.add_argument("--gpu-tests-report", type=Path, metavar="JUNIT_XML",
+                        help="only judge the gpu tests' pytest --junitxml report (with --cpu-only: skips allowed)")
     parser.add_argument("--pipelines", default=",".join(PIPELINES), help="comma-separated, default all four")
     parser.add_argument("--runtime", default="torch", choices=["torch", "onnx"], help="of the network stages")
     parser.add_argument("--load-seconds", type=float, default=10.0, help="each c=16 measurement (0: none)")
     parser.add_argument("--work", type=Path, default=WORK)
     args = parser.parse_args()
+    if args.gpu_tests_report is not None:
+        passed, summary = gpu_tests_verdict(args.gpu_tests_report, gpu_visible=not args.cpu_only)
+        print(f"gpu tests: {'passed' if passed else 'FAILED'}: {summary}")
+        return 0 if passed else 1
     pipelines = [p for p in args.pipelines.split(",") if p]
     unknown = set(pipelines) - set(PIPELINES)
     if unknown:
@@ -410,5 +466,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     sys.exit(main())

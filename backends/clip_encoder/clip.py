@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from stage_common.gpu_placement import GpuPlacement
-from transformer_encoder.encoder import pad_together
+from stage_common.padding import pad_together
 
 ONNX_FILES = ("text.onnx", "image.onnx")
 

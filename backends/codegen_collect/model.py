@@ -38,7 +38,9 @@ class TritonPythonModel:
         self.generator = GeneratorClient(config_param(config, "generator_model", str), config, args["model_name"])
         in_flight = config_param(config, "max_in_flight", int, 64)
         self.in_flight = in_flight_gauge(args["model_name"])  # the supervisor's "no request in flight"
-        self.workers = BoundedWorkers(in_flight, "codegen-collect", on_change=self.in_flight.set)
+        # more wait in arrival order (max_queued, kilobytes each), past it UNAVAILABLE (issue 55)
+        self.workers = BoundedWorkers(in_flight, "codegen-collect", on_change=self.in_flight.set,
+                                      queue=config_param(config, "max_queued", int, 0))
         # rows run on their own pool: a request thread waiting for its rows never starves them
         self.row_workers = ThreadPoolExecutor(in_flight, thread_name_prefix="codegen-collect-row")
         self.release = IteratorRelease()

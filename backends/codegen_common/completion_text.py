@@ -18,6 +18,7 @@ import numpy as np
 from codegen_common import logprobs_wire
 from codegen_common.detokenizer import Detokenizer, cut_at_stop_words
 from codegen_common.generation_params import GenerationParams
+from codegen_common.token_bytes import token_bytes_table
 
 
 def token_string(raw: bytes) -> str:
@@ -102,10 +103,14 @@ class CompletionTexts:
     """A front's tokenizer, and a CompletionText per sequence."""
 
     def __init__(self, tokenizer_file):
-        from gptj_generator.token_bytes import token_bytes_table  # the generator's own id -> bytes table
-
         self.detokenizer = Detokenizer(tokenizer_file)
         self.token_bytes = token_bytes_table(tokenizer_file)
+
+    def spelled(self, ids: Sequence[int]) -> str:
+        """The text of ids (a token-id prompt, echoed) as LogprobsObject counts offsets in it: each id's bytes,
+        undecodable ones replaced."""
+        table = self.token_bytes
+        return b"".join(table[i] if 0 <= i < len(table) else b"" for i in map(int, ids)).decode("utf-8", "replace")
 
     def start(self, params: GenerationParams, prompt_ids: Sequence[int] = ()) -> CompletionText:
         return CompletionText(self.detokenizer, self.token_bytes, params, [int(i) for i in prompt_ids])

@@ -13,13 +13,12 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from codegen_common.limits import DEFAULT_MAX_TOKENS, MAX_LOGPROBS
 from codegen_common.request_checks import check_sampling, check_stop_words
 from stage_common.errors import BadInput
 
-DEFAULT_MAX_TOKENS = 16  # as OpenAI, when neither max_tokens nor sampling_parameters give one
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop")
 MAX_SEED = 2**64 - 1
-MAX_LOGPROBS = 20  # alternatives per token (the generator's engines give up to 20: gptj_generator/seam.py)
 
 
 @dataclass(frozen=True)

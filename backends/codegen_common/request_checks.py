@@ -25,6 +25,14 @@ def check_lengths(prompt_tokens: int, max_tokens: int, context_window: int, max_
                        f"window of {context_window} tokens leaves room for at most {longest_prompt}")
 
 
+def check_token_ids(ids: Sequence[int], vocab_size: int) -> None:
+    """A token-id prompt holds the model's own ids: the first one outside 0..vocab_size-1 is named by position."""
+    for position, token in enumerate(ids):
+        if not 0 <= int(token) < vocab_size:
+            raise BadInput(f"the token id at position {position} is {int(token)}: not in this model's vocabulary "
+                           f"(ids 0 to {vocab_size - 1})")
+
+
 def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
     if not math.isfinite(temperature) or temperature < 0:
         raise BadInput(f"temperature must be >= 0 and finite (0 = greedy), got {temperature}")

@@ -1,5 +1,7 @@
 """Prompt -> token ids with the generator's own BPE tokenizer (tokenizer.json, no torch), after the
-checks that let a bad request fail here with a clear message instead of inside the generator."""
+checks that let a bad request fail here with a clear message instead of inside the generator. A token-id prompt
+skips the tokenizer: its ids are checked against the vocabulary and sent as they are (no decode/encode round trip,
+which could change them)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from codegen_common.request_checks import check_lengths, check_sampling
+from codegen_common.request_checks import check_lengths, check_sampling, check_token_ids
 from stage_common.errors import BadInput
 
 
@@ -34,12 +36,32 @@ def context_window(model_config_file: Path) -> int:
     return int(config.get("n_positions") or config["max_position_embeddings"])
 
 
+def model_vocab_size(model_config_file: Path) -> int | None:
+    """The generator's embedding rows (config.json's vocab_size; GPT-J pads it past the tokenizer's), if stated."""
+    size = json.loads(Path(model_config_file).read_text()).get("vocab_size")
+    return int(size) if size else None
+
+
 class PromptEncoder:
-    def __init__(self, tokenizer_file: Path, context_window: int, max_tokens_limit: int):
+    def __init__(self, tokenizer_file: Path, context_window: int, max_tokens_limit: int,
+                 model_vocab: int | None = None):
         self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()  # a too-long prompt is an error that names the limit
         self.context_window, self.max_tokens_limit = context_window, max_tokens_limit
+        # a token-id prompt's ids: those the tokenizer can give (and the fronts can spell) that the model embeds
+        vocab = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        self.vocab_size = min(vocab, model_vocab) if model_vocab else vocab
+
+    def check_ids(self, ids: np.ndarray, max_tokens: int, zero_tokens_ok: bool) -> np.ndarray | BadInput:
+        """A token-id prompt as int32 ids, or its error (an id outside the vocabulary, named by position)."""
+        try:
+            check_token_ids(ids, self.vocab_size)
+            check_lengths(len(ids), max_tokens, self.context_window, self.max_tokens_limit,
+                          min_tokens=0 if zero_tokens_ok else 1)
+            return np.asarray(ids, dtype=np.int32)
+        except BadInput as exc:
+            return exc
 
     def encode(self, requests: list[PromptRequest], zero_tokens_ok: list[bool] | None = None
                ) -> list[np.ndarray | BadInput]:
@@ -58,14 +80,16 @@ class PromptEncoder:
         return out
 
     def encode_rows(self, requests: list[list]) -> list[list[np.ndarray] | BadInput]:
-        """encode for requests of several rows (PromptRow: prompt + params): one list of ids per request,
+        """encode for requests of several rows (PromptRow: prompt or ids, + params): one list of ids per request,
         or the error of its first bad row (a request is the client's one unit)."""
-        flat = [PromptRequest(row.prompt, row.params.max_tokens) for rows in requests for row in rows]
-        zero_ok = [row.params.prompt_logprobs for rows in requests for row in rows]  # score only: max_tokens 0
-        encoded = iter(self.encode(flat, zero_ok))
+        texts = [row for rows in requests for row in rows if row.ids is None]
+        # score only (max_tokens 0) is allowed with the prompt's logprobs
+        encoded = iter(self.encode([PromptRequest(row.prompt, row.params.max_tokens) for row in texts],
+                                   [row.params.prompt_logprobs for row in texts]))
         out: list = []
         for rows in requests:
-            ids = [next(encoded) for _ in rows]
+            ids = [next(encoded) if row.ids is None else
+                   self.check_ids(row.ids, row.params.max_tokens, row.params.prompt_logprobs) for row in rows]
             bad = [(i, e) for i, e in enumerate(ids) if isinstance(e, BadInput)]
             if bad:
                 i, error = bad[0]

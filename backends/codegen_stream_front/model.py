@@ -10,13 +10,13 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 from codegen_common.bls_client import GeneratorClient, generator_error  # noqa: E402
 from codegen_common.completion_text import CompletionTexts  # noqa: E402
 from codegen_common.generation_params import GenerationParams  # noqa: E402
-from stage_common.errors import BadInput, StageError, check_finish_reason  # noqa: E402
+from stage_common.errors import BadInput, Overloaded, StageError, check_finish_reason  # noqa: E402
 from stage_common.bls_deadline import CallLost, CallTimedOut, RequestDeadline, call_with_deadline  # noqa: E402
 from stage_common.bls_iterators import IteratorRelease  # noqa: E402
 from stage_common.bounded_workers import BoundedWorkers  # noqa: E402
 from stage_common.in_flight_metric import in_flight_gauge  # noqa: E402
 from stage_common.params import config_param  # noqa: E402
-from stage_common.tracing import request_traceparent  # noqa: E402
+from stage_common.tracing import TRACEPARENT, request_traceparent  # noqa: E402
 from stage_common.triton_io import error_response, load_model_config, string_tensor, version_dir  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -28,7 +28,8 @@ PREPROCESS_INPUTS = {"text_input": "text_input", "max_tokens": "request_output_l
                      "top_k": "runtime_top_k", "top_p": "runtime_top_p", "random_seed": "random_seed",
                      "stop_words": "stop_words", "sampling_parameters": "sampling_parameters",
                      "exclude_input_in_output": "exclude_input_in_output", "stream": "stream",
-                     "logprobs": "logprobs", "token_healing": "token_healing"}
+                     "logprobs": "logprobs", "token_healing": "token_healing",
+                     "input_ids": "input_ids"}  # a token-id prompt instead of text_input: passed through as it is
 
 
 def _renamed(request, mapping: dict[str, str]) -> list:
@@ -75,27 +76,49 @@ class TritonPythonModel:
         # pieces are decoded here, not by a BLS call to codegen_postprocess per piece: one hop less
         self.texts = CompletionTexts(version_dir(args) / "tokenizer.json")
         self.in_flight = in_flight_gauge(args["model_name"])  # the supervisor's "no request in flight"
+        # a burst waits in arrival order (max_queued, kilobytes each), past it UNAVAILABLE (issue 55)
         self.workers = BoundedWorkers(config_param(config, "max_in_flight", int, 64), "codegen-stream",
-                                      on_change=self.in_flight.set)
+                                      on_change=self.in_flight.set, queue=config_param(config, "max_queued", int, 0))
         self.release = IteratorRelease()
 
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
             try:
-                self.workers.submit(self._serve, request, sender)
+                # its deadline runs from its arrival: a wait for a thread counts against it. Its trace context
+                # is read here, while Triton still holds the request's trace: once execute returns it is
+                # released, and a worker's later read found none (1 sequence in 64 lost its spans under load)
+                self.workers.submit(self._serve, request, sender, self.generator.deadline(request),
+                                    request_traceparent(request.trace()))
             except Exception as exc:  # noqa: BLE001 - over capacity: UNAVAILABLE for this request
                 sender.send(error_response(exc), flags=FINAL)
         return None
 
-    def _call(self, model: str, inputs: list, outputs: list[str], trace, deadline: RequestDeadline):
-        call = pb_utils.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=outputs, trace=trace)
+    def _call(self, model: str, inputs: list, outputs: list[str], traceparent: str | None,
+              deadline: RequestDeadline):
+        # never trace=request.trace(): this runs on a worker after execute returned, when Triton has released the
+        # request and its trace; a BLS call given it spawns a child of freed memory (Signal 11 in
+        # TRITONSERVER_ServerInferAsync: docs/observability.md, "Gaps"). The traceparent is a string the stub copied.
+        extra = {"parameters": {TRACEPARENT: traceparent}} if traceparent else {}
+        call = pb_utils.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=outputs, **extra)
         return _ok(call_with_deadline(call.exec, model, min(self.preprocess_timeout_s, deadline.left_s())))
 
-    def _serve(self, request, sender):
+    def _serve(self, request, sender, waited: RequestDeadline | None = None, traceparent: str | None = None):
+        if request.is_cancelled() or (waited is not None and waited.left_s() <= 0):
+            # its client left, or its deadline passed, while it waited for a thread: nothing to start
+            try:
+                if request.is_cancelled():
+                    sender.send(flags=FINAL)
+                else:
+                    sender.send(error_response(Overloaded("codegen_stream: the request's deadline passed while it "
+                                                          "waited for a thread (max_in_flight): retry later")),
+                                flags=FINAL)
+            except Exception:  # noqa: BLE001 - nobody left to tell
+                pass
+            return
         iterators = []  # every decoupled BLS call's responses: released only after the stub's cleanup
         try:
-            last = self._stream(request, sender, iterators)
+            last = self._stream(request, sender, iterators, traceparent)
         except Exception as exc:  # noqa: BLE001 - to this client alone (a StageError as the stage said it)
             last = error_response(exc)
         try:
@@ -107,17 +130,16 @@ class TritonPythonModel:
         except Exception:  # noqa: BLE001 - nobody left to tell
             pass
 
-    def _stream(self, request, sender, iterators: list):
+    def _stream(self, request, sender, iterators: list, traceparent: str | None = None):
         """Sends every piece but the last and returns the last response (None: a bare final flag)."""
         key = uuid.uuid4().hex
         deadline = self.generator.deadline(request)  # the client's timeout, if it set one, bounds every call
-        # the preprocessing joins this request's trace when Triton traces it (a BLS call without
-        # trace=request.trace() is never traced). The generator's calls do not: a decoupled BLS call given a
-        # trace crashes Triton 2.51 in OpenTelemetry mode (measured: Signal 11 in TRITONSERVER_ServerInferAsync;
-        # docs/observability.md); the first one carries the trace context as a parameter instead, under which
-        # the generator makes a span of its own (stage_common/tracing.py)
+        # no BLS call here carries trace=request.trace(): they run after execute returned, when the request's
+        # trace is freed (see _call). The preprocessing's call and the generation's first one carry the trace
+        # context as a parameter instead (read in execute), under which each makes a span of its own
+        # (stage_common/tracing.py)
         tokens = self._call(self.preprocess, _renamed(request, PREPROCESS_INPUTS),
-                            ["input_ids", "input_lengths", "generation_params"], request.trace(), deadline)
+                            ["input_ids", "input_lengths", "generation_params"], traceparent, deadline)
         ids_in = pb_utils.get_output_tensor_by_name(tokens, "input_ids").as_numpy()
         if ids_in.shape[0] != 1:
             raise BadInput(f"codegen_stream takes one prompt per request, got {ids_in.shape[0]} rows")
@@ -130,10 +152,9 @@ class TritonPythonModel:
                 pb_utils.Tensor("input_lengths", np.array([[prompt_tokens]], np.int32)),
                 pb_utils.Tensor("pull", np.array([[True]]))] \
             + [pb_utils.Tensor(name, array) for name, array in params.generator_arrays().items()]
-        prefix = b"" if params.exclude_input else _text(request, "text_input")
+        prefix = "" if params.exclude_input else self._echoed(request, ids_in[0])
         answer = self.texts.start(params, ids_in[0])  # healed prefix and stop words cut, logprobs
-        traceparent = request_traceparent(request.trace())  # the generation's call only (None for fetches)
-        try:
+        try:  # the traceparent goes on the generation's call only (None for fetches)
             while True:
                 response = _first(self.generator.call(key, call, iterators, traceparent=traceparent,
                                                       timeout_s=deadline.left_s()))
@@ -144,8 +165,8 @@ class TritonPythonModel:
                 ids = pb_utils.get_output_tensor_by_name(response, "output_ids").as_numpy().reshape(-1)
                 reason = _text(response, "finish_reason", output=True).decode()
                 count = pb_utils.get_output_tensor_by_name(response, "completion_tokens").as_numpy().reshape(-1)[0]
-                text, logprobs = answer.piece(ids, _text(response, "logprobs", output=True), prefix.decode())
-                prefix = b""
+                text, logprobs = answer.piece(ids, _text(response, "logprobs", output=True), prefix)
+                prefix = ""
                 out = pb_utils.InferenceResponse([
                     pb_utils.Tensor("text_output", np.array([[text.encode()]], dtype=np.object_)),
                     string_tensor("finish_reason", [reason], (1, 1)),
@@ -164,6 +185,13 @@ class TritonPythonModel:
         except Exception:  # e.g. the client disconnected, or no answer in time: free its generator row
             self._stop(key, iterators)
             raise
+
+    def _echoed(self, request, prompt_ids: np.ndarray) -> str:
+        """The prompt as echo prepends it: the text sent, or a token-id prompt's ids spelled out (the text its
+        logprobs' offsets count in)."""
+        if pb_utils.get_input_tensor_by_name(request, "input_ids") is not None:
+            return self.texts.spelled(prompt_ids)
+        return _text(request, "text_input").decode()
 
     def _stop(self, key: str, iterators: list) -> None:
         """Stop the generator's row and read its stream to the (cancelled) end, so nothing is left open.

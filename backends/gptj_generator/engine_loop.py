@@ -1,9 +1,12 @@
-"""What both engines' loops share (torch_engine.py, openvino_engine.py): the queue of requests waiting for a row
-and its bound, stopping requests by key, the turn a loop takes (who is admitted, which keys were cancelled,
-whether sinks are asked if their client left), the statistics each turn adds to, and closing.
+"""What every engine's loop shares (torch_engine.py, openvino_engine.py): the seam's requests side (checking a request
+against seam.Limits, its Delivery, the queue of requests waiting for a row and its bound, `holds`, stopping requests
+by key), the turn a loop takes (who is admitted, which keys were cancelled, whether sinks are asked if their client
+left), the statistics each turn adds to, and closing.
 
-An engine subclasses EngineLoop, calls `_start_loop(...)` once its model is ready, and implements `running`
-(requests holding a row), `_loop()` (turns until `_next_turn()` returns None) and what a turn does."""
+An engine subclasses EngineLoop, sets `context_window` and `vocab_size`, calls `_start_loop(...)` once its model is
+ready, and implements `running` (requests holding a row), `_holding()` (their queue entries), `_loop()` (turns
+until `_next_turn()` returns None) and what a turn does; `_entry` may wrap a request's Delivery with the engine's
+own state (the torch engine: its random generator and cache position)."""
 from __future__ import annotations
 
 import logging
@@ -11,9 +14,11 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
-from gptj_generator.seam import EngineStats
+from gptj_generator.delivery import Delivery
+from gptj_generator.healing import AllowedIds
+from gptj_generator.seam import MAX_TOP_LOGPROBS, EngineStats, GenerationRequest, Limits, Sink
 from stage_common.errors import Overloaded
 
 _log = logging.getLogger("stage")
@@ -29,9 +34,19 @@ class Turn:
 
 class EngineLoop:
     name = "?"
+    max_top_logprobs = MAX_TOP_LOGPROBS  # alternatives per token: every engine here has the logits to give them
+    context_window: int
+    vocab_size: int
 
-    def _start_loop(self, max_batch_size: int, max_pending: int, on_progress: Callable | None,
-                    cancel_poll_seconds: float, thread_name: str) -> None:
+    def _start_loop(self, thread_name: str, *, token_bytes: Sequence[bytes], eos: int | None, max_batch_size: int,
+                    max_tokens_limit: int, max_pending: int, max_stop_words: int, max_stop_word_chars: int,
+                    on_progress: Callable | None, cancel_poll_seconds: float) -> None:
+        self.token_bytes, self.eos = token_bytes, eos  # every request's Delivery streams and ends by them
+        self.allowed_ids = AllowedIds(token_bytes)  # token healing's constraint
+        # what every request is checked against at submit: a bad one fails alone, never the batch it would join
+        self.limits = Limits(self.context_window, self.vocab_size, max_tokens_limit, max_stop_words,
+                             max_stop_word_chars, self.max_top_logprobs)
+        self.max_tokens_limit = max_tokens_limit
         self.max_batch_size = max_batch_size  # rows decoded together; more requests wait for one
         self.max_pending = max_pending  # requests waiting for a row; over it submit refuses (Overloaded)
         self.on_progress = on_progress  # called after every loop turn (statistics)
@@ -62,7 +77,33 @@ class EngineLoop:
     def _run_loop(self) -> None:
         self._loop()
 
+    def _holding(self) -> list:
+        """The entries of the requests holding a row (being admitted, fed or decoding). Under `_wakeup`."""
+        raise NotImplementedError
+
     # ---- the seam ------------------------------------------------------------------------------------------
+    def validate(self, request: GenerationRequest) -> None:
+        # composing models are public: an id outside the vocabulary would fail the whole batch's forward
+        self.limits.check(request)
+
+    def submit(self, request: GenerationRequest, sink: Sink) -> None:
+        """Queue a request (BadInput if it is unusable, Overloaded if too many wait for a row already); the loop
+        takes it at its next turn."""
+        self.validate(request)
+        delivery = Delivery(request, sink, self.token_bytes, self.eos, self.allowed_ids)
+        self._enqueue(self._entry(delivery), delivery)
+
+    def _entry(self, delivery: Delivery):
+        """What the queue holds for a request (it has `key` and `ended`): its delivery, or the engine's wrapper."""
+        return delivery
+
+    def holds(self, key: str) -> bool:
+        """Whether a request submitted with this key is still here (waiting, admitted, fed or decoding): a BLS
+        caller's probe, which tells a slow answer from one that will never come."""
+        with self._wakeup:
+            entries = list(self._pending) + list(self._admitting) + self._holding()
+        return any(entry.key == key and not entry.ended for entry in entries)
+
     def _enqueue(self, entry, delivery) -> None:
         """Queue an entry (its delivery announces it), or refuse it when too many wait for a row already."""
         with self._wakeup:

@@ -13,19 +13,19 @@ import ctypes
 import os
 from pathlib import Path
 
+import psutil
+
 MADV_DONTNEED = 4
 
 
-def mapped_ranges(path: Path, maps: str = "/proc/self/maps") -> list[tuple[int, int]]:
+def mapped_ranges(path: Path) -> list[tuple[int, int]]:
     """(start, end) of every mapping of `path` in this process."""
     target = os.path.realpath(path)
     ranges = []
-    with open(maps) as lines:
-        for line in lines:
-            fields = line.split(maxsplit=5)
-            if len(fields) == 6 and fields[5].rstrip("\n") == target:
-                start, end = (int(x, 16) for x in fields[0].split("-"))
-                ranges.append((start, end))
+    for mapping in psutil.Process().memory_maps(grouped=False):
+        if mapping.path == target:
+            start, end = (int(x, 16) for x in mapping.addr.split("-"))
+            ranges.append((start, end))
     return ranges
 
 

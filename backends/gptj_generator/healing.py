@@ -1,16 +1,16 @@
 """Token healing, the generator's half (the preprocessing backs off the prompt's last token: codegen_preprocess/
 healing.py): the first generated id(s) must spell out the bytes that were backed off, then generation goes on
 freely. An id is allowed while it starts with what is left to spell, or is a non-empty start of it (then the
-next id spells the rest). Engine-free: the torch engine masks its logits with `allowed()`, the OpenVINO engine
-(whose pipeline takes no logits hook) chooses the constrained ids from its scorer's logits (openvino_scorer.py)
-with `choose()` before the pipeline takes over."""
+next id spells the rest). Engine-free: both engines choose the constrained ids with `choose()`, the torch engine
+from its step's logits, the OpenVINO engine (whose pipeline takes no logits hook) from its scorer's
+(openvino_scorer.py) before the pipeline takes over."""
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import numpy as np
 
+from gptj_generator.sampling import sample
 from gptj_generator.seam import SamplingParams
 from stage_common.errors import BadInput
 
@@ -60,21 +60,7 @@ class Healing:
         self.remaining = self.remaining[len(spelled):] if self.remaining.startswith(spelled) else b""
 
 
-def choose(logits: np.ndarray, allowed: np.ndarray, sampling: SamplingParams, rng: np.random.Generator) -> int:
-    """One id among `allowed` from a [vocab] row of raw logits: greedy, or sampled as the torch engine samples
-    (temperature, then top-k, then top-p) over the allowed ids only."""
-    scores = logits[allowed].astype(np.float64)
-    if sampling.greedy:
-        return int(allowed[int(np.argmax(scores))])
-    scores = scores / sampling.temperature
-    if 0 < sampling.top_k < scores.size:
-        kth = np.sort(scores)[-sampling.top_k]
-        scores = np.where(scores < kth, -math.inf, scores)
-    probs = np.exp(scores - scores.max())
-    probs /= probs.sum()
-    if sampling.top_p < 1.0:
-        order = np.argsort(-probs, kind="stable")
-        before = np.cumsum(probs[order]) - probs[order]
-        probs[order[before >= sampling.top_p]] = 0.0
-        probs /= probs.sum()
-    return int(allowed[rng.choice(len(allowed), p=probs)])
+def choose(logits, allowed, sampling: SamplingParams, generator) -> int:
+    """One id among `allowed` (ids, ascending) from a [vocab] row of raw logits, numpy or torch: the engines' one
+    sampler (sampling.py) over the allowed ids only (`generator`: sampling.new_generator's, None when greedy)."""
+    return int(allowed[sample(logits[allowed], sampling, generator)])

@@ -9,6 +9,8 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from codegen_common import logprobs_wire  # noqa: E402
 from gptj_generator.loading import choose_engine, engine_options, load_engine  # noqa: E402
+from gptj_generator.llm_metrics_publisher import ServingMetrics  # noqa: E402
+from gptj_generator.published_settings import engine_settings, publish  # noqa: E402
 from gptj_generator.pulled_stream import Chunk, PulledStream, PulledStreams  # noqa: E402
 from gptj_generator.seam import FINISH_REASONS, GenerationRequest, SamplingParams  # noqa: E402
 from stage_common.errors import BadInput  # noqa: E402
@@ -184,10 +186,13 @@ class TritonPythonModel:
 
             placement = dict(device=configure_torch(args, config))
         else:
-            placement = dict(threads=config_param(config, "openvino_threads", int, 1))
+            placement = dict(threads=config_param(config, "openvino_threads", int, 0))
         self.metrics = EngineMetrics(args["model_name"])
+        self.serving = ServingMetrics(args["model_name"])  # time to first token, tokens, ... (llm_metrics.py)
         self.engine = load_engine(kind, version_dir(args), **engine_options(config), **placement,
-                                  on_progress=self.metrics.update)
+                                  on_progress=self._progress)
+        self.serving.follow(self.engine)
+        publish(args["model_name"], engine_settings(self.engine))  # what /health says it runs with
         self.pulled = PulledStreams()
         # a pulled stream nobody fetched for this long (its caller's stub died) ends and frees its row
         self.abandon_after_s = config_param(config, "pulled_stream_abandon_s", float, 60.0)
@@ -212,6 +217,7 @@ class TritonPythonModel:
                 if self.tracing is not None:  # a span under the caller's traceparent parameter, if it sent one
                     generation.on_event = self.tracing.sequence(traceparent_of(request.parameters()), generation,
                                                                 self.engine.name, FINISH_REASONS)
+                generation.on_event = self.serving.watch(generation, generation.on_event)
                 self._ack(sender, ack)
                 if pull:
                     self._submit_pulled(generation, sender)
@@ -223,6 +229,11 @@ class TritonPythonModel:
                 except Exception:  # noqa: BLE001 - the client is gone
                     pass
         return None
+
+    def _progress(self, engine) -> None:
+        """After each engine loop turn (its thread): the statistics."""
+        self.metrics.update(engine)
+        self.serving.update(engine)
 
     @staticmethod
     def _ack(sender, asked: bool) -> None:

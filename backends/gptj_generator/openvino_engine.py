@@ -18,8 +18,19 @@ What the pipeline does not do for us (docs/pipelines.md, "The OpenVINO engine"):
   a plain compile of the same IR (openvino_scorer.py), fed only the requests that ask.
 - Stop words, end-of-text and max_tokens are decided by delivery.py, as for the torch engine; a request it ends
   early (stop word, client gone) is cancelled in the pipeline, which frees its KV blocks at the next step.
-- Precision: inference and KV cache in f32 (this CPU family defaults to bf16 and an f16 KV cache: tokens and
-  logprobs would drift from the torch reference).
+- Precision (`precision`): auto, the shipped default, is bf16 inference and KV cache where the CPU computes bf16
+  natively (AVX512_BF16 or AMX: 1.6-1.9x f32's tokens/s on this project's EPYC, and a held-out parse share not
+  below f32's, docs/performance.md "The editor workload"), f32 elsewhere (AVX2 alone, where bf16 would be
+  emulated and slower). f32 is the exact mode the fidelity tests pin: tokens and logprobs follow the torch
+  reference (the CPU plugin's own default, bf16 and a compressed KV cache, drift from it).
+- Prefix caching (on by default): a prompt that starts with a recently served one prefills only its new tokens,
+  from KV blocks the pipeline kept (an editor resends the file up to the cursor on every pause). The cache is
+  bounded by `kv_cache_tokens` (0: it grows on demand to what the running rows need, and cached prefixes live
+  in the blocks finished rows left, evicted least recently used first). openvino.genai#4047: with prefix
+  caching a prompt the bounded cache cannot hold is silently ended with no tokens; so a bound under one context
+  window is refused at load, and a request the pipeline ends with no token fails as retryable (Overloaded).
+- Prompt lookup (`prompt_lookup_tokens` > 0): drafts of that many ids copied from the prompt where its last
+  n-gram occurred before, checked in one forward (greedy output unchanged; code repeats its identifiers).
 """
 from __future__ import annotations
 
@@ -37,14 +48,15 @@ import numpy as np
 from gptj_generator.delivery import Delivery
 from gptj_generator.engine_loop import EngineLoop
 from gptj_generator.file_pages import drop_file_pages
-from gptj_generator.healing import AllowedIds, choose
-from gptj_generator.openvino_scorer import Scorer, ScoringSession, token_logprob
-from gptj_generator.seam import (MAX_TOP_LOGPROBS, DecodeLoopDied, GenerationRequest, Limits, Sink, TokenLogprob,
-                                 emit)
+from gptj_generator.healing import choose
+from gptj_generator.openvino_scorer import Scorer, ScoringSession
+from gptj_generator.sampling import new_generator, token_logprob
+from gptj_generator.seam import DecodeLoopDied, GenerationRequest, TokenLogprob, emit
 from stage_common.errors import Overloaded
 
 _log = logging.getLogger("stage")
 WEIGHTS_FILE = "openvino_model.bin"
+KV_BLOCK_TOKENS = 32  # the CPU plugin's paged KV block (tokens); kv_cache_tokens is rounded up to whole blocks
 
 
 def fold_seed(seed: int) -> int:
@@ -52,8 +64,52 @@ def fold_seed(seed: int) -> int:
     return (seed ^ (seed >> 32)) & 0xFFFFFFFF
 
 
-def pipeline_properties(threads: int) -> dict:
-    return {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32",
+PRECISIONS = ("f32", "bf16")  # f32: the exact mode (the fidelity tests'); int8/int4 are weight formats of the IR
+PRECISION_SETTINGS = ("auto", *PRECISIONS)  # auto: bf16 where the CPU computes it natively, else f32
+PROMPT_LOOKUP_NGRAM = 3  # the longest n-gram of the prompt's end looked up for a draft (OpenVINO GenAI's sample)
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a container's or taskset's share, not the host's)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no affinity API (macOS)
+        return max(1, os.cpu_count() or 1)
+
+
+def resolve_threads(threads: int) -> int:
+    """`openvino_threads`: 0 follows the cores this instance may use; a positive count is taken as it is."""
+    if threads < 0:
+        raise ValueError(f"openvino_threads must be 0 (the cores available) or more, not {threads}")
+    return threads or available_cores()
+
+
+def cpu_capabilities() -> list[str]:
+    """The CPU plugin's OPTIMIZATION_CAPABILITIES here ('BF16' where the CPU has AVX512_BF16 or AMX)."""
+    import openvino
+
+    return list(openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+
+
+def usable_precision(precision: str, capabilities: Sequence[str] | None = None) -> str:
+    """The precision the engine runs for the `precision` setting on a CPU with `capabilities` (this one's by
+    default): auto is bf16 where the CPU computes it natively, else f32; bf16 asked for where it does not falls
+    back to f32 with a warning (a config is shared by every machine an image runs on); f32 is f32."""
+    if precision not in PRECISION_SETTINGS:
+        raise ValueError(f"precision must be one of {list(PRECISION_SETTINGS)}, not {precision!r}")
+    if precision == "f32":
+        return precision
+    native_bf16 = "BF16" in (cpu_capabilities() if capabilities is None else capabilities)
+    if precision == "bf16" and not native_bf16:
+        _log.warning("codegen OpenVINO engine: precision bf16 asked for, but this CPU has no AVX512_BF16 or AMX: "
+                     "running f32")
+    return "bf16" if native_bf16 else "f32"
+
+
+def pipeline_properties(threads: int, precision: str = "f32") -> dict:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {list(PRECISIONS)}, not {precision!r}")
+    return {"INFERENCE_PRECISION_HINT": precision, "KV_CACHE_PRECISION": precision,
             "INFERENCE_NUM_THREADS": max(1, threads),
             "sampler_num_threads": 1,  # default: one per hardware thread, beside the inference threads
             "ENABLE_CPU_PINNING": False}  # instances sharing a host must not pin to the same cores
@@ -74,14 +130,14 @@ class _Live:
 
 
 class OpenVINOEngine(EngineLoop):
-    name = "openvino"
-    max_top_logprobs = MAX_TOP_LOGPROBS  # from the scorer (the pipeline gives the chosen token's logprob only)
+    name = "openvino"  # its alternatives come from the scorer (the pipeline gives the chosen token's logprob only)
 
     def __init__(self, ir_dir: Path, token_bytes: Sequence[bytes], max_batch_size: int, max_tokens_limit: int,
                  threads: int = 1, on_progress: Callable[["OpenVINOEngine"], None] | None = None,
                  cancel_poll_seconds: float = 0.1, prefill_chunk_tokens: int = 256, max_pending: int = 256,
-                 max_stop_words: int = 8, max_stop_word_chars: int = 64, kv_cache_gb: int = 0,
-                 max_scored_rows: int = 1):
+                 max_stop_words: int = 8, max_stop_word_chars: int = 64, kv_cache_tokens: int = 0,
+                 max_scored_rows: int = 1, prefix_caching: bool = True, prompt_lookup_tokens: int = 0,
+                 precision: str = "auto"):
         import openvino_genai
 
         self._genai = openvino_genai
@@ -93,31 +149,47 @@ class OpenVINOEngine(EngineLoop):
         self.context_window, self.vocab_size = config["n_positions"], config["vocab_size"]
         self.weights = json.loads((self.ir_dir / "export.json").read_text()).get("weights", "?") \
             if (self.ir_dir / "export.json").exists() else "?"
-        self.token_bytes = token_bytes
-        self.allowed_ids = AllowedIds(token_bytes)  # token healing's constraint
-        self.scorer = Scorer(self.ir_dir, pipeline_properties(threads))  # compiled when a request first needs it
+        self.threads, self.precision = resolve_threads(threads), usable_precision(precision)
+        properties = pipeline_properties(self.threads, self.precision)
+        self.scorer = Scorer(self.ir_dir, properties)  # compiled when a request first needs it
         # the scorer's work runs on the loop thread, between the batch's steps (_may_run): rows that have it follow
         # every generated id, and prompt tokens it prefills per turn, are bounded as the pipeline's own prefill is
         self.max_scored_rows = max(1, max_scored_rows)
         self.prefill_chunk_tokens = max(1, prefill_chunk_tokens)
-        self.limits = Limits(self.context_window, self.vocab_size, max_tokens_limit, max_stop_words,
-                             max_stop_word_chars, self.max_top_logprobs)
         scheduler = openvino_genai.SchedulerConfig()
         scheduler.max_num_seqs = max_batch_size
-        # tokens per step: every running sequence's next one plus a prompt chunk (split-fuse: a long prompt is
-        # fed over several steps between the running batch's decode steps, never stalling it for its whole prefill)
-        scheduler.max_num_batched_tokens = max_batch_size + max(1, prefill_chunk_tokens)
+        self.prompt_lookup_tokens = max(0, prompt_lookup_tokens)
+        # tokens per step: every running sequence's next one (and its draft, with prompt lookup) plus a prompt
+        # chunk (split-fuse: a long prompt is fed over several steps between the running batch's decode steps,
+        # never stalling it for its whole prefill)
+        scheduler.max_num_batched_tokens = max_batch_size * (1 + self.prompt_lookup_tokens) + \
+            max(1, prefill_chunk_tokens)
         scheduler.dynamic_split_fuse = True
-        scheduler.cache_size = kv_cache_gb  # 0: the paged KV cache grows on demand
-        scheduler.enable_prefix_caching = False
-        self.pipe = openvino_genai.ContinuousBatchingPipeline(str(self.ir_dir), scheduler, "CPU",
-                                                              pipeline_properties(threads))
+        self.prefix_caching, self.kv_cache_tokens = bool(prefix_caching), max(0, kv_cache_tokens)
+        if self.kv_cache_tokens:  # openvino.genai#4047: a bound that cannot hold one full prompt ends it with no tokens
+            if self.kv_cache_tokens < self.context_window + KV_BLOCK_TOKENS:
+                raise ValueError(f"kv_cache_tokens {kv_cache_tokens} cannot hold one context window "
+                                 f"({self.context_window} tokens) and a block: use 0 or at least "
+                                 f"{self.context_window + KV_BLOCK_TOKENS}")
+            scheduler.num_kv_blocks = -(-self.kv_cache_tokens // KV_BLOCK_TOKENS)
+        scheduler.enable_prefix_caching = self.prefix_caching
+        self.pipe = openvino_genai.ContinuousBatchingPipeline(
+            str(self.ir_dir), scheduler, "CPU",
+            {**properties, **({"prompt_lookup": True} if self.prompt_lookup_tokens else {})})
         self._ids = itertools.count(1)  # request ids must be unique while in flight
         self._warm_up()
         # the plugin runs on its own repacked copy of the weights now: the mapped file's pages are a second copy
         self.dropped_bytes = drop_file_pages(self.ir_dir / WEIGHTS_FILE)
         self._running: dict[int, _Live] = {}
-        self._start_loop(max_batch_size, max_pending, on_progress, cancel_poll_seconds, "openvino-step-loop")
+        _log.info("codegen OpenVINO engine: %s precision, %d inference thread(s) (of %d cores available), %s "
+                  "weights, prefix caching %s (KV cache %s), prompt lookup %s", self.precision, self.threads,
+                  available_cores(), self.weights, "on" if self.prefix_caching else "off",
+                  f"{self.kv_cache_tokens} tokens" if self.kv_cache_tokens else "grows on demand",
+                  f"{self.prompt_lookup_tokens} draft ids" if self.prompt_lookup_tokens else "off")
+        self._start_loop("openvino-step-loop", token_bytes=token_bytes, eos=self.eos, max_batch_size=max_batch_size,
+                         max_tokens_limit=max_tokens_limit, max_pending=max_pending, max_stop_words=max_stop_words,
+                         max_stop_word_chars=max_stop_word_chars, on_progress=on_progress,
+                         cancel_poll_seconds=cancel_poll_seconds)
 
     def _warm_up(self) -> None:
         """One request with a prefill and a decode step: compiles what the first request would otherwise wait
@@ -127,21 +199,26 @@ class OpenVINOEngine(EngineLoop):
         while self.pipe.has_non_finished_requests():
             self.pipe.step()
 
-    # ---- the seam ---------------------------------------------------------------------------------------
-    def validate(self, request: GenerationRequest) -> None:
-        self.limits.check(request)
+    def settings(self) -> dict:
+        """What this engine runs with (the start-up log says the same): for /health or a metrics info line."""
+        return {"engine": self.name, "precision": self.precision, "threads": self.threads, "weights": self.weights,
+                "prefix_caching": self.prefix_caching, "kv_cache_tokens": self.kv_cache_tokens,
+                "prompt_lookup_tokens": self.prompt_lookup_tokens}
 
-    def submit(self, request: GenerationRequest, sink: Sink) -> None:
-        """Queue a request (BadInput if it is unusable, Overloaded if too many wait for a row already); it
-        enters the pipeline at the loop's next turn."""
-        self.validate(request)
-        delivery = Delivery(request, sink, self.token_bytes, self.eos, self.allowed_ids)
-        self._enqueue(delivery, delivery)
+    def cache_stats(self) -> dict:
+        """The pipeline's KV-cache figures (PipelineMetrics): use now, its average and peak (per cent of the
+        blocks allocated), and the bytes allocated; the last step's. The pipeline (2026.4) counts no prefix-cache
+        hits: a hit shows as a prompt that needs fewer prefill steps. Callable from any thread: step() holds the
+        GIL, so this never runs inside one."""
+        metrics = self.pipe.get_metrics()
+        return {"cache_usage_percent": float(metrics.cache_usage), "avg_cache_usage_percent":
+                float(metrics.avg_cache_usage), "max_cache_usage_percent": float(metrics.max_cache_usage),
+                "kv_cache_bytes": int(metrics.kv_cache_size_in_bytes), "requests": int(metrics.requests),
+                "scheduled_requests": int(metrics.scheduled_requests)}
 
-    def holds(self, key: str) -> bool:
-        with self._wakeup:
-            deliveries = list(self._pending) + list(self._admitting) + [live.delivery for live in self._running.values()]
-        return any(d.key == key and not d.ended for d in deliveries)
+    # ---- the seam (engine_loop.py does the rest: a request is queued as its Delivery) ---------------------------
+    def _holding(self) -> list:
+        return [live.delivery for live in self._running.values()]
 
     @property
     def running(self) -> int:
@@ -221,7 +298,7 @@ class OpenVINOEngine(EngineLoop):
             delivery.set_prompt_logprobs([None] + [token_logprob(session.row(i), ids[i + 1], top)
                                                    for i in range(len(ids) - 1)])
         chosen: list[int] = []
-        rng = np.random.default_rng(request.sampling.seed)
+        rng = new_generator(request.sampling)  # numpy's (None when greedy): the engines' one sampler draws from it
         while healing is not None and healing.active and not delivery.ended:
             token = choose(session.next_row, healing.allowed(), request.sampling, rng)
             healing.advance(token)
@@ -275,10 +352,13 @@ class OpenVINOEngine(EngineLoop):
         if status == self._genai.GenerationStatus.RUNNING:
             return True
         # ended by the pipeline before delivery.py ended it (max_new_tokens equals max_tokens and the eos comes
-        # back as an id, so only the pipeline's own refusals land here): IGNORED = no room in the KV cache
-        delivery.fail(Overloaded(f"the OpenVINO pipeline ended the request ({status.name}): retry later")
-                      if status == self._genai.GenerationStatus.IGNORED else
-                      RuntimeError(f"the OpenVINO pipeline ended the request ({status.name})"))
+        # back as an id, so only the pipeline's own refusals land here): IGNORED = no room in the KV cache; ended
+        # with no token at all (finished or not) = the prompt did not fit the cache (openvino.genai#4047)
+        if status == self._genai.GenerationStatus.IGNORED or not delivery.generated:
+            delivery.fail(Overloaded(f"the OpenVINO pipeline ended the request with no token ({status.name}; the "
+                                     f"KV cache could not hold its prompt): retry later"))
+        else:
+            delivery.fail(RuntimeError(f"the OpenVINO pipeline ended the request ({status.name})"))
         return False
 
     def _remove(self, request_id: int, cancel: bool) -> None:
@@ -327,4 +407,6 @@ class OpenVINOEngine(EngineLoop):
             config.rng_seed = fold_seed(sampling.seed if sampling.seed is not None
                                         else int.from_bytes(os.urandom(4), "little"))
         config.logprobs = 1 if request.logprobs is not None else 0
+        if self.prompt_lookup_tokens:  # every request of a prompt-lookup pipeline must say how it drafts
+            config.num_assistant_tokens, config.max_ngram_size = self.prompt_lookup_tokens, PROMPT_LOOKUP_NGRAM
         return config

@@ -11,23 +11,6 @@ from pathlib import Path
 
 import numpy as np
 
-from gptj_generator.seam import TokenLogprob
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-
-
-def token_logprob(logprobs: np.ndarray, token: int, top: int) -> TokenLogprob:
-    """The chosen id's logprob and the `top` most likely ids with theirs, from one row of log_softmax."""
-    alternatives = ()
-    if top:
-        best = np.argpartition(-logprobs, top - 1)[:top]
-        best = best[np.argsort(-logprobs[best], kind="stable")]
-        alternatives = tuple((int(i), float(logprobs[i])) for i in best)
-    return TokenLogprob(int(token), float(logprobs[token]), alternatives)
-
 
 class Scorer:
     def __init__(self, ir_dir: Path, properties: dict):
@@ -48,9 +31,10 @@ class Scorer:
 
 
 class ScoringSession:
-    """One sequence fed a piece at a time; after each feed, `row(i)` is the log_softmax predicting the id after the
-    fed piece's i-th (`next_row`: the id that follows everything fed). Rows are normalized on demand: a long
-    prompt's every row at once would be prompt x vocabulary float64s."""
+    """One sequence fed a piece at a time; after each feed, `row(i)` is the raw logits predicting the id after the
+    fed piece's i-th (`next_row`: the id that follows everything fed), for sampling.py's token_logprob and
+    healing's choose (which normalize one row at a time: a long prompt's every row at once would be prompt x
+    vocabulary float64s)."""
 
     def __init__(self, compiled):
         self._request = compiled.create_infer_request()
@@ -69,7 +53,7 @@ class ScoringSession:
         self._logits = out[self._output][0]
 
     def row(self, i: int) -> np.ndarray:
-        return log_softmax(self._logits[i])
+        return self._logits[i]
 
     @property
     def next_row(self) -> np.ndarray:

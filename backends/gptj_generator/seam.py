@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
+from codegen_common.limits import MAX_LOGPROBS as MAX_TOP_LOGPROBS  # the most alternatives any engine gives per token
 from codegen_common.request_checks import GREEDY_TEMPERATURE, check_lengths, check_sampling, check_stop_words
 from stage_common.errors import BadInput
 
@@ -32,7 +33,6 @@ FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "cancelled"
 # queued: accepted by submit; scheduled: given a row (its prompt goes in next); first_token: the first id chosen
 # (prefill done); finished: ended (attributes: reason, or error; completion_tokens)
 EVENTS = ("queued", "scheduled", "first_token", "finished")
-MAX_TOP_LOGPROBS = 20  # the most alternatives any engine gives per token
 
 
 class DecodeLoopDied(RuntimeError):

@@ -13,7 +13,6 @@ whole prefill; and only the last prompt position goes through the vocabulary pro
 from __future__ import annotations
 
 import logging
-import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -23,10 +22,10 @@ from transformers import DynamicCache
 
 from gptj_generator.delivery import Delivery
 from gptj_generator.engine_loop import EngineLoop
-from gptj_generator.healing import AllowedIds
+from gptj_generator.healing import choose
 from gptj_generator.kv_cache import growing_cache
 from gptj_generator.sampling import new_generator, sample, token_logprob
-from gptj_generator.seam import MAX_TOP_LOGPROBS, DecodeLoopDied, GenerationRequest, Limits, Sink, emit
+from gptj_generator.seam import DecodeLoopDied, GenerationRequest, emit
 
 _log = logging.getLogger("stage")
 
@@ -66,51 +65,37 @@ class _Prefill:
 
 
 class TorchEngine(EngineLoop):
-    name = "torch"
-    max_top_logprobs = MAX_TOP_LOGPROBS
+    name = "torch"  # its alternatives come from the logits its batched step has already
 
     def __init__(self, model, token_bytes: Sequence[bytes], eos_token_id: int | None, max_batch_size: int,
                  max_tokens_limit: int, device: torch.device | str = "cpu",
                  on_progress: Callable[["TorchEngine"], None] | None = None, cancel_poll_seconds: float = 0.1,
                  prefill_token_budget: int = 2048, prefill_chunk_tokens: int = 256, max_pending: int = 256,
                  max_stop_words: int = 8, max_stop_word_chars: int = 64):
-        self.model, self.token_bytes, self.eos = model, token_bytes, eos_token_id
-        self.max_tokens_limit = max_tokens_limit
+        self.model = model
         self.prefill_token_budget = prefill_token_budget  # padded prompt tokens prefilled as one group
         self.prefill_chunk_tokens = prefill_chunk_tokens  # padded prompt tokens fed per turn while others decode
         self.context_window = model.config.n_positions
         # the embedding's row count, the real bound: an id outside it makes the shared forward raise
         self.vocab_size = model.get_input_embeddings().num_embeddings
-        self.limits = Limits(self.context_window, self.vocab_size, max_tokens_limit, max_stop_words,
-                             max_stop_word_chars, self.max_top_logprobs)
         self.device = torch.device(device)
-        self.allowed_ids = AllowedIds(token_bytes)  # token healing's constraint
         self._running: list[_Sequence] = []
         self._prefilling: deque[_Prefill] = deque()  # taken from pending, prompts being fed
         self._cache: DynamicCache | None = None
         self._mask: torch.Tensor | None = None  # [rows, cache length]: 1 = real token, 0 = left padding
-        self._start_loop(max_batch_size, max_pending, on_progress, cancel_poll_seconds, "gptj-decode-loop")
+        self._start_loop("gptj-decode-loop", token_bytes=token_bytes, eos=eos_token_id, max_batch_size=max_batch_size,
+                         max_tokens_limit=max_tokens_limit, max_pending=max_pending, max_stop_words=max_stop_words,
+                         max_stop_word_chars=max_stop_word_chars, on_progress=on_progress,
+                         cancel_poll_seconds=cancel_poll_seconds)
 
     # ---- requests ---------------------------------------------------------------------------
-    def validate(self, request: GenerationRequest) -> None:
-        # composing models are public: an id outside the vocabulary would fail the whole batch's forward
-        self.limits.check(request)
+    def _entry(self, delivery: Delivery) -> _Sequence:
+        """A request joins the running batch at the step after its prompt is fed; it samples from its own generator,
+        on the logits' device."""
+        return _Sequence(delivery, new_generator(delivery.request.sampling, self.device))
 
-    def submit(self, request: GenerationRequest, sink: Sink) -> None:
-        """Queue a request (BadInput if it is unusable, Overloaded if too many wait for a row already);
-        it joins the running batch at the next step."""
-        self.validate(request)
-        seq = _Sequence(Delivery(request, sink, self.token_bytes, self.eos, self.allowed_ids),
-                        new_generator(request.sampling, self.device))
-        self._enqueue(seq, seq.delivery)
-
-    def holds(self, key: str) -> bool:
-        """Whether a request submitted with this key is still here (waiting, admitted, fed or decoding): a
-        BLS caller's probe, which tells a slow answer from one that will never come."""
-        with self._wakeup:
-            seqs = list(self._pending) + list(self._admitting) + list(self._running) + \
-                [seq for group in list(self._prefilling) for seq in group.seqs]
-        return any(seq.request.key == key and not seq.ended for seq in seqs)
+    def _holding(self) -> list:
+        return list(self._running) + [seq for group in self._prefilling for seq in group.seqs]
 
     @property
     def running(self) -> int:
@@ -274,12 +259,14 @@ class TorchEngine(EngineLoop):
         """Choose the next token and hand it to the request's delivery; False once the sequence is done.
         Everything here is this sequence's alone: a failure fails it and no batch-mate."""
         try:
-            healing, choices = seq.delivery.healing, logits
+            # the engines' one sampler (sampling.py), on this row of the step's logits where they are (no copy from
+            # a GPU: array_ops.py); greedy rows take their id from the batch's one argmax
+            healing, sampling = seq.delivery.healing, seq.request.sampling
             if healing is not None and healing.active:  # only ids that spell the healed prefix
-                allowed = torch.as_tensor(healing.allowed(), device=logits.device)
-                choices = torch.full_like(logits, -math.inf).index_copy(0, allowed, logits.index_select(0, allowed))
-                greedy = int(choices.argmax())
-            token = greedy if seq.generator is None else sample(choices, seq.request.sampling, seq.generator)
+                token = choose(logits, torch.as_tensor(healing.allowed(), device=logits.device), sampling,
+                               seq.generator)
+            else:
+                token = greedy if seq.generator is None else sample(logits, sampling, seq.generator)
             if healing is not None:
                 healing.advance(token)
             wanted = seq.request.logprobs

@@ -88,12 +88,13 @@ def call_with_deadline(run: Callable[[], T], what: str, deadline_s: float,
                        probe: Callable[[], bool] | None = None, probe_every_s: float = 2.0,
                        grace_s: float = 1.0, stuck: StuckCalls | None = None,
                        first: threading.Event | None = None, first_deadline_s: float | None = None,
-                       first_probe_every_s: float = 0.5) -> T:
+                       first_probe_every_s: float = 0.5, unseen_after_s: float = 3.0) -> T:
     """run() on its own thread; its result (or its exception), else CallTimedOut / CallLost (then the call
     counts in `stuck` until its thread returns, if ever). `first`, set by run() at the call's first answer,
     is awaited at most `first_deadline_s`; until it comes the callee is probed every `first_probe_every_s`
     (a live callee acknowledges within milliseconds, so a call unacknowledged that long was likely sent to a
-    stub that died), and a "no" fails the call at once (no answer of a call never taken can be on its way)."""
+    stub that died), and a "no" fails the call at once (no answer of a call never taken can be on its way) once
+    the call is `unseen_after_s` old (a younger one may still be on its way to the callee)."""
     outcome: dict[str, object] = {}
     done = threading.Event()
     lock = threading.Lock()  # the caller's giving up and the thread's return, in one order
@@ -135,9 +136,14 @@ def call_with_deadline(run: Callable[[], T], what: str, deadline_s: float,
                                        "request): retry"))
         if probe is not None and now >= next_probe:
             if not probe():
-                if done.wait(0.0 if awaiting_first and not first.is_set() else grace_s):
-                    break
-                raise give_up(CallLost(f"{what} lost the request (its process was restarted): retry"))
+                unanswered = awaiting_first and not first.is_set()
+                # before its first answer the call may not have reached the callee yet: Triton hands each BLS
+                # call over on a thread of its own, and under CPU pressure a probe sent later overtook it
+                # (the soak, 2026-12-02): so a "no" then counts only for a call this old
+                if not unanswered or now - started >= unseen_after_s:
+                    if done.wait(0.0 if unanswered else grace_s):
+                        break
+                    raise give_up(CallLost(f"{what} lost the request (its process was restarted): retry"))
             awaiting_first = awaiting_first and not first.is_set()
             next_probe = time.monotonic() + (min(first_probe_every_s, probe_every_s) if awaiting_first
                                              else probe_every_s)

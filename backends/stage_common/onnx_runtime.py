@@ -8,7 +8,7 @@ from stage_common.gpu_placement import GpuPlacement, cuda_driver_device_count, d
 CUDA_PROVIDER = "CUDAExecutionProvider"
 
 
-def cuda_problem(ort, device_id: int, visible: int | None = None) -> str | None:
+def onnxruntime_cuda_problem(ort, device_id: int, visible: int | None = None) -> str | None:
     """What ONNX Runtime lacks to run on GPU `device_id` (None: nothing found missing before a session)."""
     if CUDA_PROVIDER not in ort.get_available_providers():
         return (f"onnxruntime {ort.__version__} has no {CUDA_PROVIDER} (this is the CPU build 'onnxruntime'; "
@@ -28,7 +28,7 @@ def onnx_session(path: Path, threads: int, gpu: GpuPlacement | None = None):
     # idle pool threads must not spin: other instances and stages need the cores between executions
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     providers: list = ["CPUExecutionProvider"]
-    device = gpu.usable("onnxruntime", lambda d: cuda_problem(ort, d)) if gpu is not None else None
+    device = gpu.usable("onnxruntime", lambda d: onnxruntime_cuda_problem(ort, d)) if gpu is not None else None
     if device is not None:
         if hasattr(ort, "preload_dlls"):  # CUDA/cuDNN from the nvidia-* wheels, when they are installed
             ort.preload_dlls()

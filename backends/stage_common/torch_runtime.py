@@ -7,7 +7,7 @@ from stage_common.gpu_placement import GpuPlacement, cuda_driver_device_count, d
 from stage_common.params import config_param
 
 
-def cuda_problem(device_id: int) -> str | None:
+def torch_cuda_problem(device_id: int) -> str | None:
     """What this torch lacks to run on GPU `device_id` (None: nothing)."""
     if torch.version.cuda is None:
         return f"torch {torch.__version__} is a CPU-only build"
@@ -24,7 +24,7 @@ def torch_device(threads: int, gpu: GpuPlacement | None = None) -> torch.device:
     """For a stage whose runtime is chosen by parameter: `threads` torch threads, and the GPU Triton placed the
     instance on when torch can use it (else GpuPlacement refuses to load, or falls back to the CPU when allowed)."""
     torch.set_num_threads(max(1, threads))
-    device = gpu.usable("torch", cuda_problem) if gpu is not None else None
+    device = gpu.usable("torch", torch_cuda_problem) if gpu is not None else None
     return torch.device(f"cuda:{device}" if device is not None else "cpu")
 
 

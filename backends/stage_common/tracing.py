@@ -1,8 +1,9 @@
 """A stage's own OpenTelemetry spans, joined to the request's trace by the W3C `traceparent` its caller passes
 as a request parameter.
 
-Why a parameter: Triton 2.51 traces a BLS call only when it is given `trace=request.trace()`, and a decoupled
-call given one crashes the server (docs/observability.md). So a front passes the context of its own request
+Why a parameter: Triton 2.51 traces a BLS call only when it is given `trace=request.trace()`, and that trace is
+freed with the request once `execute` returns: a call made later, from a worker thread, crashes the server
+(SIGSEGV in TRITONSERVER_ServerInferAsync; docs/observability.md). So a front passes the context of its own request
 (`traceparent_of(request.trace())`) as the BLS request's `traceparent` parameter, and the callee (the
 generator) opens a span of its own under it with the OpenTelemetry SDK, exported over OTLP/HTTP like Triton's.
 

@@ -12,19 +12,9 @@ import numpy as np
 
 from stage_common.gpu_placement import GpuPlacement
 from stage_common.onnx_runtime import onnx_session
+from stage_common.padding import pad_together
 
 ONNX_FILE = "model.onnx"
-
-
-def pad_together(arrays: list[np.ndarray], pad_value: int = 0) -> np.ndarray:
-    """Stack [rows_i, len_i] int arrays into [sum(rows_i), max(len_i)], right-padded."""
-    longest = max(a.shape[1] for a in arrays)
-    out = np.full((sum(a.shape[0] for a in arrays), longest), pad_value, dtype=arrays[0].dtype)
-    row = 0
-    for a in arrays:
-        out[row:row + a.shape[0], : a.shape[1]] = a
-        row += a.shape[0]
-    return out
 
 
 Forward = Callable[[np.ndarray, np.ndarray], np.ndarray]

@@ -13,6 +13,7 @@ import numpy as np
 
 from gateway.completions.shapes import joined
 from gateway.completions.tensors import STREAM_MODEL, Sequence
+from gateway.errors import BadRequest
 from gateway.triton.engine import StreamResponse
 
 _DONE = object()
@@ -98,12 +99,15 @@ async def stream(engine, seqs: list[Sequence]) -> AsyncIterator[Piece]:
     queue: asyncio.Queue = asyncio.Queue()
 
     async def run(seq: Sequence) -> None:
-        tracker = _Tracker(seq.index, int(seq.inputs["max_tokens"].reshape(-1)[0]))
+        tracker = _Tracker(seq.index, seq.max_tokens)
         try:
             async for response in engine.stream_infer(STREAM_MODEL, seq.inputs):
                 piece = tracker.piece(response)
                 if piece is not None:
                     queue.put_nowait(piece)
+        except BadRequest as exc:  # the model refused this prompt: say which one, when there are several
+            queue.put_nowait(exc if seq.where == "prompt" else
+                             BadRequest(f"{seq.where}: {exc.message}", param="prompt", code=exc.code))
         except Exception as exc:  # noqa: BLE001 - handed to the consumer, which fails the request
             queue.put_nowait(exc)
         finally:

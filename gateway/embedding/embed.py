@@ -11,7 +11,7 @@ import numpy as np
 from gateway.embedding import offload
 from gateway.embedding.lengths import tokens_seen
 from gateway.embedding.tokens import token_lengths
-from gateway.errors import BadRequest, PayloadTooLarge
+from gateway.errors import BadRequest, Conflict, PayloadTooLarge
 from gateway.modelgen import ModelSpec
 from gateway.registry import ModelRegistry
 from gateway.settings import Settings
@@ -19,8 +19,6 @@ from gateway.triton.coalesce import Coalescer
 from gateway.triton.engine import TritonEngine, string_rows
 
 MAX_COALESCERS = 64
-# rows waiting in the gateway per ensemble, as each ensemble's max_queue_size in Triton: over it, 503 at once
-COALESCE_QUEUE_ROWS = 256
 INLINE_COUNT_CHARS = 1024  # up to ~0.4 ms (ASCII) of tokenizing on the event loop; more goes to the CPU pool
 
 
@@ -87,22 +85,26 @@ class Embedder:
             if len(table) >= MAX_COALESCERS:  # models come and go at runtime: forget the idle ones
                 for idle in [k for k, c in table.items() if not c.pending and not c.calls]:
                     del table[idle]
-            engine = self.engine
+            engine, settings = self.engine, self.settings
+            rows = max(settings.coalesce_queue_rows, max_batch)  # a whole batch always fits an empty queue
+            share = settings.coalesce_queue_key_rows or max(rows // 2, max_batch)
             found = table[key] = Coalescer(
                 lambda items: run_ensemble(engine, model, input_name, items), max_batch, calls,
-                max_pending=COALESCE_QUEUE_ROWS, name=model)
+                max_pending=rows, max_owner_pending=max(min(share, rows), max_batch),
+                timeout_s=settings.queue_timeout_s, name=model)
         return found
 
-    async def _embed(self, model: str, input_name: str, items: list, max_batch: int) -> np.ndarray:
+    async def _embed(self, model: str, input_name: str, items: list, max_batch: int, owner=None) -> np.ndarray:
         """Rows in batches of the ensemble's max batch, one batch after another: a large request (up to
-        MAX_INPUTS, 2,048) has at most one batch waiting in the Coalescer (never over its
-        COALESCE_QUEUE_ROWS, so never refused for its size) or in Triton at a time, and the requests that
-        arrive meanwhile go between its batches instead of behind all of its rows."""
+        MAX_INPUTS, 2,048) has at most one batch waiting in the Coalescer or in Triton at a time, and the
+        requests that arrive meanwhile go between its batches instead of behind all of its rows. `owner` (an
+        API key's id, or a client address; None: nobody's in particular): whose share of the Coalescer's queue
+        its rows count against (COALESCE_QUEUE_KEY_ROWS), and whose turn in its round-robin."""
         coalescer = self._coalescer(model, input_name, max_batch)
         batches = []
         for start in range(0, len(items), max_batch):
             batch = items[start:start + max_batch]
-            batches.append(await (coalescer.run(batch) if coalescer is not None
+            batches.append(await (coalescer.run(batch, owner) if coalescer is not None
                                   else run_ensemble(self.engine, model, input_name, batch)))
         return batches[0] if len(batches) == 1 else np.concatenate(batches)
 
@@ -120,17 +122,17 @@ class Embedder:
         return vectors
 
     async def embed_measured(self, spec: ModelSpec, texts: list[str], truncate: bool, normalize: bool = True,
-                             count: bool = True, what: str = "input") -> tuple[np.ndarray, int | None]:
+                             count: bool = True, what: str = "input", owner=None) -> tuple[np.ndarray, int | None]:
         """(vectors, tokens the model saw) of `texts`, already bounded by check_texts, on the model `spec`
         (held by the caller's `use`); tokens are counted when `count` or to refuse over-long inputs
         (`truncate` False), else None. A few sentences are counted on the loop before any Triton work;
         large inputs in the CPU pool while Triton embeds them (counting 64 KiB takes ~23 ms), and a refusal
         cancels the embedding."""
         if not spec.text_model:
-            raise BadRequest(f"model '{spec.model_name}' does not embed text", param="model")
+            raise Conflict(f"model '{spec.model_name}' does not embed text", param="model")  # the model's kind: 409
 
         def embed():
-            return self._embed(spec.text_model, "text", texts, spec.max_batch_size)
+            return self._embed(spec.text_model, "text", texts, spec.max_batch_size, owner)
 
         tokens = None
         if truncate and not count:
@@ -156,7 +158,7 @@ class Embedder:
         check_count(images, self.settings, "image")
         async with self.models.use(model_name, pretrained) as spec:
             if not spec.image_model:
-                raise BadRequest(f"model '{model_name}' does not embed images (load a CLIP model for images)",
+                raise Conflict(f"model '{model_name}' does not embed images (load a CLIP model for images)",
                                  param="model")
             vectors = await self._embed(spec.image_model, "image", images, spec.max_batch_size)
         return l2_normalize(vectors) if normalize and not spec.normalized else vectors

@@ -9,7 +9,8 @@ outermost first (a request meets them top to bottom, its response bottom to top)
 3. audit.py        one JSON line per admin request, refused ones (401, 403, 413, 429, 503) too
 4. auth.py         401 / 403 from the key and the route's scope, before any body is read; x-request-id;
                    without keys, 403 for a Host or Origin that is not loopback (local_origin.py)
-5. admission.py    503 while Triton cannot serve or the gateway drains; answers what the drain deadline cuts.
+5. admission.py    503 while Triton cannot serve or the gateway drains, and on a route whose pipeline is still
+                   being built (gateway/build_state.py); answers what the drain deadline cuts.
                    After auth and audit: an unknown key is 401 and an admin attempt audited, whatever the state
 6. quotas.py       429 over a key's requests per second or requests in flight
 7. body_limits.py  413 / 408 / 503: the route's body cap, BODY_TIMEOUT_S, BODY_BUFFER_BYTES and each key's
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
+from gateway.build_state import BuildWatch
 from gateway.keys import KeyRing
 from gateway.middleware import replica_id, tracing
 from gateway.middleware.admission import Admission, Admit
@@ -44,7 +46,7 @@ def install(app: FastAPI, settings: Settings, ring: KeyRing | None) -> RouteTabl
     routes = RouteTable(app)
     state = app.state
     state.routes = routes  # also the Allow header of a 405 (gateway/errors.py)
-    state.admission = Admission(drain_s=settings.drain_s)
+    state.admission = Admission(drain_s=settings.drain_s, builds=BuildWatch(settings.build_state_dir))
     state.metrics = GatewayMetrics()
     state.quotas = QuotaBook(settings, state.metrics.registry)  # its store's breaker: gateway_quota_store_up
     # request-body bytes held, all requests together and per key (client address without keys)

@@ -4,7 +4,9 @@ address: the server watch's log line does); while the gateway drains (SIGTERM) n
 too, and those in flight may finish until the drain deadline (DRAIN_S). It runs after auth and audit
 (gateway/middleware/__init__.py): a refusal here is still a 401 for an unknown key, and audited. At the
 deadline a request without an answer yet gets a 503, and a server-sent-events stream still open gets a
-final `data: {"error": ...}` event: no request is cut silently."""
+final `data: {"error": ...}` event: no request is cut silently. While it drains, every response says
+`Connection: close` (uvicorn then closes the connection after it), so that a client's pool opens its next
+connection elsewhere instead of reusing one the gateway is about to end (issue 55)."""
 from __future__ import annotations
 
 import asyncio
@@ -13,6 +15,7 @@ import logging
 from dataclasses import dataclass, field
 
 from gateway import errors
+from gateway.build_state import FAILED, BuildWatch
 
 log = logging.getLogger("gateway.admission")
 # never refused: a load balancer and an operator must see why the gateway refuses the rest
@@ -36,6 +39,7 @@ class Admission:
     active: set = field(default_factory=set)
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     cut_count: int = 0  # requests the drain deadline answered with an error
+    builds: BuildWatch | None = None  # the demo pipelines `make triton` builds meanwhile (gateway/build_state.py)
 
     def refusal(self) -> errors.Unavailable | None:
         if self.draining:
@@ -45,6 +49,18 @@ class Admission:
             return errors.Unavailable("the inference server is not available now (restarting); retry later",
                                       retry_after=self.server_retry_after, code="server_unavailable")
         return None
+
+    def building(self, path: str) -> errors.Unavailable | None:
+        """A 503 for a route whose pipeline is not built yet (or failed to build): what is happening, its
+        progress and the time left, and a Retry-After from that estimate."""
+        build = self.builds.pending(path) if self.builds is not None else None
+        if build is None:
+            return None
+        failed = build.state == FAILED
+        return errors.Unavailable(build.describe() + ("; `make triton` again retries it" if failed else
+                                                      "; it is served as soon as it is ready"),
+                                  retry_after=build.retry_after_s(), code="model_build_failed" if failed
+                                  else "model_building")
 
     async def drain(self) -> None:
         """Refuse new requests, let those in flight finish until `drain_s`, then answer the rest with an error."""
@@ -70,10 +86,22 @@ class Admission:
                 log.warning("%d requests did not end after the drain deadline", len(self.active))
 
 
-def _json_response(error: errors.ApiError):
+CLOSE = (b"connection", b"close")
+
+
+def _closing(message: dict) -> dict:
+    """A response start with `Connection: close` added (unless it says so already)."""
+    headers = list(message.get("headers", []))
+    if not any(k.lower() == b"connection" and b"close" in v.lower() for k, v in headers):
+        headers.append(CLOSE)
+    return {**message, "headers": headers}
+
+
+def _json_response(error: errors.ApiError, close: bool = False):
     body = json.dumps(error.body()).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.lower().encode(), v.encode()) for k, v in error.headers().items()]
+    headers += [CLOSE] if close else []
     return ({"type": "http.response.start", "status": error.status, "headers": headers},
             {"type": "http.response.body", "body": body})
 
@@ -93,9 +121,9 @@ class Admit:
         if scope["type"] != "http" or scope["path"].startswith(ALWAYS_OPEN):
             return await self.inner(scope, receive, send)
         admission = self.admission
-        refusal = admission.refusal()
+        refusal = admission.refusal() or admission.building(scope["path"])
         if refusal is not None:
-            for message in _json_response(refusal):
+            for message in _json_response(refusal, close=admission.draining):
                 await send(message)
             return
         request = _InFlight(asyncio.current_task())
@@ -106,6 +134,8 @@ class Admit:
                 request.started = True
                 request.sse = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
                                   for k, v in message.get("headers", []))
+                if admission.draining:  # this connection ends with the gateway: its client must not reuse it
+                    message = _closing(message)
             await send(message)
 
         try:
@@ -117,7 +147,7 @@ class Admit:
             asyncio.current_task().uncancel()
             error = deadline_error()
             if not request.started:
-                for message in _json_response(error):
+                for message in _json_response(error, close=True):
                     await send(message)
             elif request.sse:
                 await send({"type": "http.response.body", "body": f"data: {json.dumps(error.body())}\n\n".encode(),

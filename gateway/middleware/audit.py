@@ -14,10 +14,15 @@ from pathlib import Path
 
 from gateway.middleware import strict_json
 from gateway.middleware.auth import KEY_SCOPE, REQUEST_ID
-from gateway.middleware.policy import RouteTable
+from gateway.middleware.policy import SMALL, RouteTable
 
 log = logging.getLogger("gateway.audit")
-PEEK = 4096  # bytes of an admin body kept to name the target model
+# An admin body is kept whole, as the route reads it, to name the target model: the route validates the
+# same bytes through the same parser (strict_json), so the audit line names what the route acted on,
+# whatever the body's size or field order (the first 4 KiB alone missed a padded unload: issue 56). The
+# routes that name their target in the body take SMALL bodies (policy.py; larger ones are 413s), so no more
+# is ever held; the collections' routes name it in the path and their bodies (points) are not kept.
+KEEP = SMALL
 
 
 def target_of(params: dict, body: bytes) -> str | None:
@@ -70,7 +75,9 @@ class Audit:
         path, policy = self.routes.resolve(scope)
         if not policy.audit:
             return await self.app(scope, receive, send)
-        peek, status, written = bytearray(), 500, False
+        params = scope.get("gateway.path_params", {})
+        body, status, written = bytearray(), 500, False
+        keep = 0 if params.get("name") else KEEP  # the path names the target: nothing to keep
 
         def record() -> None:
             nonlocal written
@@ -82,14 +89,14 @@ class Audit:
                 "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
                 "key_id": key.key_id if key is not None else None,
                 "route": f"{scope['method']} {path}",
-                "target": target_of(scope.get("gateway.path_params", {}), bytes(peek)),
+                "target": target_of(params, bytes(body)),
                 "result": status,
                 "request_id": scope.get(REQUEST_ID)})
 
-        async def peeking_receive():
+        async def keeping_receive():
             message = await receive()
-            if message["type"] == "http.request" and len(peek) < PEEK:
-                peek.extend(message.get("body", b"")[:PEEK - len(peek)])
+            if keep and message["type"] == "http.request" and len(body) <= keep:
+                body.extend(message.get("body", b"")[:keep + 1 - len(body)])  # over KEEP: not a body routes read
             return message
 
         async def noting_send(message):
@@ -103,6 +110,6 @@ class Audit:
             await send(message)
 
         try:
-            await self.app(scope, peeking_receive, noting_send)
+            await self.app(scope, keeping_receive, noting_send)
         finally:
             record()  # no answer finished (an exception, a client gone): the attempt is still recorded

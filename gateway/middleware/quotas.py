@@ -1,5 +1,7 @@
 """Per-key quotas (issue 25): requests per second and concurrent requests for every key (one ASGI
-middleware), tokens per minute for completions (one dependency on the completions router).
+middleware), tokens per minute for completions (charged by the completions route from the request it
+validated and resolved, never from the raw body: `QuotaBook.charge_tokens` before any work, and
+`QuotaBook.charge_echo` for the prompt tokens an echo sends back, once the model has counted them).
 
 Rates are counted by the `limits` library (moving windows) in the storage QUOTA_STORAGE names
 (`memory://` by default: per gateway process; `redis://host:port`, the default when REDIS_URL is set,
@@ -32,7 +34,6 @@ from gateway import errors
 from gateway.middleware.auth import KEY_SCOPE
 from gateway.middleware.store_breaker import StoreBreaker, StoreDown, store_gauge
 from gateway.keys import ApiKey
-from gateway.schemas.completions import DEFAULT_MAX_TOKENS
 from gateway.settings import Settings
 
 log = logging.getLogger("gateway.quotas")
@@ -267,23 +268,40 @@ class QuotaBook:
                        f"x-ratelimit-remaining-{kind}": str(stats.remaining),
                        f"x-ratelimit-reset-{kind}": reset_text(wait), "Retry-After": str(max(1, math.ceil(wait)))}
 
-    async def charge_tokens(self, request: Request) -> None:
-        """Dependency of POST /v1/completions (app.py): the request's token budget against the key's tokens/min."""
+    async def charge_tokens(self, request: Request, cost: int) -> None:
+        """A completion's token budget (max_tokens x n x prompts: ResolvedCompletion.budget) against the key's
+        tokens per minute; POST /v1/completions calls it with the request it resolved, before any work."""
         key: ApiKey | None = request.scope.get(KEY_SCOPE)
         tpm = self.limit(key, "tokens_per_minute") if key is not None else 0
         if not tpm:
             return
-        try:
-            body = await request.json()
-        except (ValueError, RecursionError):
-            return  # the route answers 400
-        cost = completion_budget(body)
         allowed, headers = await self.hit(key, "minute", tpm, "tokens", cost)
         if not allowed:
             log.info("429 key %s: %d tokens over %d tokens/min", key.key_id, cost, tpm)
             raise errors.TooManyRequests(f"key '{key.key_id}' is over its limit of {tpm} tokens per minute "
                                          f"(this request may use {cost}: max_tokens x n x prompts)", headers,
                                          code="rate_limit_exceeded")
+
+    async def charge_echo(self, request: Request, cost: int) -> None:
+        """The prompt tokens a completion with echo sends back (prompt tokens x n: every choice repeats its
+        prompt; all a score-only request sends), counted by the model, so charged once it has run and before
+        any of the answer leaves (issue 56). Refused, the answer is not given, and what is left of the key's
+        window is taken: its next requests are refused before they run, until the window moves on."""
+        key: ApiKey | None = request.scope.get(KEY_SCOPE)
+        tpm = self.limit(key, "tokens_per_minute") if key is not None else 0
+        if not tpm or cost <= 0:
+            return
+        window = self.window(key, "minute", tpm, "tokens")
+        allowed, headers = await self.take(window, cost)
+        if allowed:
+            return
+        left = int(headers.get("x-ratelimit-remaining-tokens", 0))
+        if left > 0:
+            await self.take(window, left)
+        log.info("429 key %s: %d echoed prompt tokens over %d tokens/min", key.key_id, cost, tpm)
+        raise errors.TooManyRequests(f"key '{key.key_id}' is over its limit of {tpm} tokens per minute "
+                                     f"(this request echoes {cost} prompt tokens: prompt tokens x n)", headers,
+                                     code="rate_limit_exceeded")
 
 
 class Quotas:
@@ -321,15 +339,3 @@ class Quotas:
             if ticket is not None:
                 await book.concurrency.release(ticket)
 
-
-def completion_budget(body) -> int:
-    """Tokens a completion request may generate: max_tokens x n x prompts (as OpenAI counts a request
-    against its tokens-per-minute limit before it runs). Malformed fields count 1: validation refuses them."""
-    if not isinstance(body, dict):
-        return 1
-    def number(value, default):
-        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
-    prompt = body.get("prompt")
-    prompts = len(prompt) if isinstance(prompt, list) and prompt else 1
-    max_tokens = number(body.get("max_tokens"), DEFAULT_MAX_TOKENS if "max_tokens" not in body else 1)
-    return max_tokens * number(body.get("n"), 1) * prompts

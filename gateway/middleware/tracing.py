@@ -4,8 +4,11 @@ ServerErrorMiddleware, like replica_id.py, so an unexpected 500 has them too):
 - `x-request-id` on every response: the client's own (auth.py's rule: the first of 1 to 128 bytes) or
   a new one, written into the request's headers so that auth.py and the audit line use the same; the
   context variable gateway.telemetry.context.REQUEST_ID carries it to error bodies and log lines.
-- with tracing on (gateway/telemetry/config.py): the SERVER span of the request, a child of the
-  client's W3C `traceparent` if it sent one, named by the route template; attributes: method, route,
+- with tracing on (gateway/telemetry/config.py): the SERVER span of the request, named by the route
+  template: a child of the client's W3C `traceparent` only when the client is one of
+  TRACE_TRUSTED_SOURCES (its sampled flag then decides, under the parent-based sampler); from any other
+  client a root span, which the gateway's own sampler keeps or drops, linked to the client's span context
+  (a client cannot force traces by sending `-01`: issue 56); attributes: method, route,
   status, key id, model (gateway/telemetry/spans.py: note_model), request id; never the key, the body or
   the path's values. Child spans: the body read (here), the quota checks (`Stage` around Quotas), and
   those the code opens (token counting, coalescing wait, the Triton call). A sampled trace answers a
@@ -22,12 +25,13 @@ import time
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gateway.middleware.auth import KEY_SCOPE
 from gateway.middleware.log_fields import printable
 from gateway.middleware.quotas import Quotas
+from gateway.server.proxy_protocol import is_trusted, trusted_networks
 from gateway.telemetry import spans
 from gateway.telemetry.context import REQUEST_ID
 
@@ -86,9 +90,22 @@ def route_of(scope) -> str:
     return getattr(scope.get("route"), "path", None) or "unmatched"
 
 
+def parent_of(scope, trusted: tuple) -> tuple[otel_context.Context, list[Link]]:
+    """(the context the request's span starts in, its links). The client's `traceparent` is its parent only
+    from a trusted source (scope["client"]: the real client, after a trusted proxy's PROXY header); from
+    anyone else the span is a root, sampled by the gateway's sampler alone, and the client's span context is
+    kept as a link, so its trace can still be found."""
+    parent = _W3C.extract(scope["headers"], getter=_HeaderGetter)
+    if is_trusted(scope.get("client"), trusted):
+        return parent, []
+    client_span = trace.get_current_span(parent).get_span_context()
+    return otel_context.Context(), [Link(client_span)] if client_span.is_valid else []
+
+
 class RequestTrace:
-    def __init__(self, app, tracer: trace.Tracer | None = None, access_log: bool = False):
+    def __init__(self, app, tracer: trace.Tracer | None = None, access_log: bool = False, trusted: tuple = ()):
         self.app, self.tracer, self.access_log = app, tracer, access_log
+        self.trusted = trusted  # TRACE_TRUSTED_SOURCES, as networks
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -109,10 +126,10 @@ class RequestTrace:
         start, status, tracer = time.perf_counter(), 500, self.tracer
         span = token = body = None
         if tracer is not None:
-            parent = _W3C.extract(scope["headers"], getter=_HeaderGetter)
-            span = tracer.start_span(scope["method"], context=parent, kind=SpanKind.SERVER, attributes={
-                "http.request.method": scope["method"], "url.scheme": scope.get("scheme", "http"),
-                "gateway.request_id": rid})
+            parent, links = parent_of(scope, self.trusted)
+            span = tracer.start_span(scope["method"], context=parent, kind=SpanKind.SERVER, links=links,
+                                     attributes={"http.request.method": scope["method"],
+                                                 "url.scheme": scope.get("scheme", "http"), "gateway.request_id": rid})
             here = trace.set_span_in_context(span, parent)
             token = otel_context.attach(here)
             spans.TRACER.set(tracer)
@@ -232,4 +249,5 @@ def install(app, outermost_first: list) -> None:
         outermost_first.insert(at + 1, (Stage, {"name": "gateway.quotas", "opens": False}))
         outermost_first.insert(at, (Stage, {"name": "gateway.quotas", "opens": True}))
     build = app.build_middleware_stack
-    app.build_middleware_stack = lambda: RequestTrace(build(), tracer, options.access_log)
+    trusted = trusted_networks(app.state.settings.trace_trusted_sources)
+    app.build_middleware_stack = lambda: RequestTrace(build(), tracer, options.access_log, trusted)

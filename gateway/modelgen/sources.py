@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Sequence
 
 from gateway import hub
-from gateway.errors import BadRequest, NotFound
+from gateway.errors import BadRequest, Forbidden, NotFound
 from gateway.modelgen.weights import refuse_pickled
 
 HUB_ID = hub.HUB_ID
@@ -45,35 +45,44 @@ def _check_name(model_name: str) -> None:
                          param="model_name")
 
 
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # a name too long for the file system (ENAMETOOLONG) names no folder: not a 500
+        return False
+
+
 def _inside(path: Path, roots: Sequence[Path]) -> bool:
     return any(path == root or root in path.parents for root in roots)
 
 
 def local_folder(model_name: str, roots: Sequence[Path]) -> Path | None:
     """The folder `model_name` names under a model root, or None if it names none (then it may be a hub id).
-    Raises BadRequest for '..', for absolute paths outside the roots, and for symlinks out of them."""
+    Raises BadRequest for '..' (the document's pattern says so: gateway/schemas/seed.py); Forbidden (403) for
+    absolute paths outside the roots and symlinks out of them: which paths those are is the settings' and
+    the disk's, no schema can say it."""
     roots = [Path(r).resolve() for r in roots]
     path = Path(model_name)
     if ".." in path.parts:
         raise BadRequest(f"model_name {model_name!r} contains '..': name a folder under MODEL_ROOTS", param="model_name")
     candidates = [path] if path.is_absolute() else [root / path for root in roots]
     for candidate in candidates:
-        if not candidate.exists():
+        if not _exists(candidate):
             continue
         resolved = candidate.resolve()
         if not _inside(resolved, roots):
-            raise BadRequest(f"model_name {model_name!r} is outside the allowed model roots (MODEL_ROOTS)",
-                             param="model_name")
+            raise Forbidden(f"model_name {model_name!r} is outside the allowed model roots (MODEL_ROOTS)",
+                            param="model_name")
         if not resolved.is_dir():
             raise BadRequest(f"model_name {model_name!r} is a file, not a model folder", param="model_name")
         for item in resolved.rglob("*"):  # a file linking out of the roots could read anything
             if item.is_symlink() and not _inside(item.resolve(), roots):
-                raise BadRequest(f"model_name {model_name!r} holds a symlink out of MODEL_ROOTS ({item.name})",
-                                 param="model_name")
+                raise Forbidden(f"model_name {model_name!r} holds a symlink out of MODEL_ROOTS ({item.name})",
+                                param="model_name")
         return resolved
     if path.is_absolute():
-        raise BadRequest(f"model_name {model_name!r} is outside the allowed model roots (MODEL_ROOTS)",
-                         param="model_name")
+        raise Forbidden(f"model_name {model_name!r} is outside the allowed model roots (MODEL_ROOTS)",
+                        param="model_name")
     return None
 
 
@@ -90,7 +99,8 @@ def hub_folder(repo_id: str, kind: str, hub_options: hub.HubOptions) -> Path:
 def resolve_source(model_name: str, pretrained: str | None, kind: str, model_roots: Sequence[Path],
                    hub_options: hub.HubOptions | None = None) -> Path:
     """The folder to generate the model from: a folder under `model_roots`, else a hub repository (an
-    open_clip pair mapped to its repository first). `hub_options` None: no downloads (HUB_DOWNLOADS=off)."""
+    open_clip pair mapped to its repository first). `hub_options` None: no downloads (HUB_DOWNLOADS=off).
+    Either way, a folder that would serve pickled weights is refused unless HUB_ALLOW_PICKLE=1."""
     _check_name(model_name)
     hub_options = hub_options or hub.HubOptions()
     if kind == "clip" and model_name in OPEN_CLIP_ARCHITECTURES:
@@ -102,6 +112,8 @@ def resolve_source(model_name: str, pretrained: str | None, kind: str, model_roo
         return hub_folder(repo, kind, hub_options)
     folder = local_folder(model_name, model_roots)
     if folder is not None:
+        if not hub_options.allow_pickle:  # a local path is no way around the gate (issue 56)
+            refuse_pickled(folder, model_name, "a folder under MODEL_ROOTS")
         return folder
     if HUB_ID.match(model_name):
         return hub_folder(model_name, kind, hub_options)

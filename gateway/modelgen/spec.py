@@ -71,5 +71,5 @@ class ImageLimits:
         """From `settings` (default: the defaults of gateway.settings.Settings)."""
         from gateway.settings import Settings
 
-        source = settings if settings is not None else Settings
+        source = settings if settings is not None else Settings.from_env({})  # the defaults, whatever the environment
         return cls(int(source.max_image_bytes), float(source.max_image_megapixels))

@@ -7,7 +7,7 @@ from pathlib import Path, PurePosixPath
 
 from gateway import errors
 from gateway.errors import BadRequest
-from gateway.hub.plan import PICKLE_SUFFIXES
+from gateway.hub.plan import PICKLE_SUFFIXES, SKIP_FOLDERS
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".onnx")  # linked into a generated model, never copied
 
@@ -20,18 +20,23 @@ def served_weights(folder: Path) -> list[Path]:
     return safe or files
 
 
-def refuse_pickled(folder: Path, repo_id: str) -> None:
-    """HUB_ALLOW_PICKLE=0: no folder of a hub repository may have pickled files as the weights it would
-    serve. The download plan never fetches them then, but the cache may hold a download made while the
-    setting was 1 (or by another program sharing HUB_CACHE_DIR)."""
-    pickled = [p for d in (folder, *sorted(d for d in folder.rglob("*") if d.is_dir()))
-               for p in served_weights(d) if p.suffix in PICKLE_SUFFIXES]
+def refuse_pickled(folder: Path, name: str, where: str = "the hub cache") -> None:
+    """HUB_ALLOW_PICKLE=0: no model folder, a hub repository's or a local one, may have pickled files as the
+    weights it would serve. The download plan never fetches them then, but the cache may hold a download made
+    while the setting was 1 (or by another program sharing HUB_CACHE_DIR), and the same snapshot can be named
+    as a folder under MODEL_ROOTS (the repository holds data/hub_cache: issue 56). Other runtimes' export
+    folders (openvino/openvino_model.bin is no pickle) are never served, so not read."""
+    folders = (folder, *sorted(d for d in folder.rglob("*") if d.is_dir() and not _exported(d, folder)))
+    pickled = [p for d in folders for p in served_weights(d) if p.suffix in PICKLE_SUFFIXES]
     if pickled:
         names = ", ".join(p.relative_to(folder).as_posix() for p in pickled)
         raise errors.HubPickleRefused(
-            f"model '{repo_id}' would serve pickled weights ({names}) from the hub cache; loading them can run "
-            "code from the repository: set HUB_ALLOW_PICKLE=1 to allow it, or use a repository with safetensors "
-            "weights")
+            f"model '{name}' would serve pickled weights ({names}) from {where}; loading them can run code from "
+            "the files: set HUB_ALLOW_PICKLE=1 to allow it, or use a model with safetensors weights")
+
+
+def _exported(directory: Path, folder: Path) -> bool:
+    return any(part.lower() in SKIP_FOLDERS for part in directory.relative_to(folder).parts)
 
 
 def module_folder(source: Path, path: object, model_name: str) -> Path:

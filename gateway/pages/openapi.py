@@ -1,7 +1,8 @@
 """An honest OpenAPI document (issue 25): FastAPI's document, completed from gateway/middleware/policy.py with the
 security schemes, each route's scope, its error statuses in OpenAI's error shape, and the schemas of
-its successful answers. Validation errors are answered 400 (gateway/errors.py), so FastAPI's 422
-HTTPValidationError is replaced. Schemathesis checks the result against the live gateway
+its successful answers. A route's own `responses=` (gateway/errors.py `responses`) adds the refusals that
+depend on state, each with the rules that give it. Validation errors are answered 400 (gateway/errors.py),
+so FastAPI's 422 HTTPValidationError is replaced. Schemathesis checks the result against the live gateway
 (tests/test_security_fuzz.py)."""
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ COMPLETION = obj({"id": STRING, "object": STRING, "created": INT, "model": STRIN
                   "choices": array(obj({"index": INT, "text": STRING, "finish_reason": NULLABLE_STRING}))},
                  {"usage": obj({"prompt_tokens": INT, "completion_tokens": INT, "total_tokens": INT})})
 SUCCESS = {
-    ("GET", "/health"): obj({"status": STRING}, {"degraded": {"type": "object"}}),
+    # `servers`: each Triton server's state, by failure domain (gateway/routers/health.py)
+    ("GET", "/health"): obj({"status": STRING}, {"degraded": {"type": "object"}, "servers": {"type": "object"}}),
     ("GET", "/v1/models"): obj({"object": STRING, "data": array(obj({"id": STRING, "object": STRING,
                                                                       "created": INT, "owned_by": STRING}))}),
     ("GET", "/v1/models/{model}"): obj({"id": STRING, "object": STRING, "created": INT, "owned_by": STRING}),
@@ -66,7 +68,7 @@ SUCCESS = {
 }
 # statuses whose body is not the error shape
 OTHER_ERRORS = {("GET", "/health", 503): obj({"status": STRING, "problems": {"type": "object"}},
-                                             {"degraded": {"type": "object"}})}
+                                             {"degraded": {"type": "object"}, "servers": {"type": "object"}})}
 DESCRIPTIONS = {400: "invalid request (OpenAI's error shape)",
                 401: "no API key, or an unknown one (`WWW-Authenticate: Bearer`)",
                 403: "the key lacks this route's scope", 404: "no such model or collection",
@@ -91,7 +93,7 @@ def error_statuses(method: str, path: str, has_body: bool, has_params: bool) -> 
     return sorted(statuses)
 
 
-def complete(document: dict) -> dict:
+def complete(document: dict, settings: Settings | None = None) -> dict:
     components = document.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
     schemas.pop("HTTPValidationError", None)
@@ -118,11 +120,16 @@ def complete(document: dict) -> dict:
                 operation["security"] = [{"bearer": []}, {"apiKey": []}]
                 operation["description"] = (operation.get("description", "") +
                                             f"\n\nScope: `{policy.scope}`.").strip()
-            for status in error_statuses(key[0], path, "requestBody" in operation, bool(operation.get("parameters"))):
+            declared = {int(s): r.get("description") for s, r in responses.items() if s.isdigit() and int(s) >= 400}
+            general = error_statuses(key[0], path, "requestBody" in operation, bool(operation.get("parameters")))
+            for status in sorted(set(declared) | set(general)):
                 schema = OTHER_ERRORS.get((*key, status), ERROR)
-                responses[str(status)] = {"description": DESCRIPTIONS[status],
+                # the general meaning, then the route's own rules (its responses=) where it declares them
+                description = "; ".join(filter(None, (DESCRIPTIONS[status] if status in general else None,
+                                                      declared.get(status))))
+                responses[str(status)] = {"description": description,
                                           "content": {"application/json": {"schema": schema}}}
-    refine_requests(document)  # request schemas as the routes check them
+    refine_requests(document, settings)  # request schemas as the routes check them
     return document
 
 
@@ -130,7 +137,7 @@ def honest_openapi(app: FastAPI, settings: Settings):
     def openapi() -> dict:
         if app.openapi_schema is None:
             app.openapi_schema = complete(get_openapi(title=app.title, version=app.version, description=app.description,
-                                                      routes=app.routes))
+                                                      routes=app.routes), settings)
         return app.openapi_schema
 
     return openapi

@@ -1,32 +1,37 @@
 """Request schemas in the OpenAPI document as the gateway checks them (issue 43 item 13): what the routes
 refuse beyond the request models' types, wherever a JSON schema can say it, so that a request the document
 calls valid is served and one it calls invalid is refused (schemathesis' positive_data_acceptance and
-negative_data_rejection checks, tools/fuzz_gateway.py). What no schema can say (an image must decode, a
-vector must have the collection's dimension, a model must be loaded and of the right kind) is listed as a
-deliberate deviation in tools/schemathesis.toml and docs/gateway-api.md."""
+negative_data_rejection checks, tools/fuzz_gateway.py). Static bounds are in the request models themselves
+(gateway/schemas/); here are the forms the models parse only to refuse them (token ids), the routes' own
+checks with their own messages (ids, names, empty texts), and the bounds that are settings (MAX_INPUTS,
+SEARCH_MAX_LIMIT, SEARCH_MAX_POINTS). An image is the gateway's string format `image`
+(gateway/schemas/images.py). What depends on state (a model loaded and of the right kind, a vector of the
+collection's dimension) is a 404 or 409 that each route declares (gateway/errors.py `responses`)."""
 from __future__ import annotations
 
+from gateway.schemas.images import IMAGE_FORMAT
 from gateway.search.collections import ID_RE, NAME_RE
+from gateway.settings import Settings
 
 NULL = {"type": "null"}
-TEXT = {"type": "string", "minLength": 1}  # "" is refused: "input[0] is empty"
+TEXT = {"type": "string", "pattern": r"\S"}  # "" and blank texts are refused: "input[0] is empty"
 TEXTS = {"type": "array", "items": TEXT, "minItems": 1}
-# the routes serve texts; token-id arrays are parsed only to be refused with a 400 that says why
-# (gateway/schemas/embeddings.py), so the document does not offer them
+IMAGE = {"type": "string", "format": IMAGE_FORMAT}
 PROPERTIES = {
-    ("EmbeddingsRequest", "input"): {"anyOf": [TEXT, TEXTS]},
-    ("EmbeddingsRequest", "dimensions"): {"anyOf": [{"type": "integer", "minimum": 1}, NULL]},
-    ("InferRequest", "text"): {"anyOf": [{"type": "array", "items": TEXT}, NULL]},  # [] beside images is fine
-    ("InferRequest", "image"): {"anyOf": [{"type": "array", "items": TEXT}, NULL]},
     ("NerRequest", "text"): TEXT,
-    ("CaptionRequest", "image"): TEXT,
+    ("Point", "text"): {"anyOf": [TEXT, NULL]},
+    ("Search", "text"): {"anyOf": [TEXT, NULL]},
     # "point id ... must be 1-128 characters of [A-Za-z0-9_-]"
     ("Point", "id"): {"type": "string", "pattern": f"^{ID_RE.pattern}$"},
     ("PointIds", "ids"): {"type": "array", "items": {"type": "string", "pattern": f"^{ID_RE.pattern}$"}},
 }
 # /infer: "send at least one of text or image"
-MODELS = {"InferRequest": {"anyOf": [{"required": ["text"], "properties": {"text": TEXTS}},
-                                     {"required": ["image"], "properties": {"image": TEXTS}}]}}
+SOME = {"type": "array", "minItems": 1}
+# a point, a search: "needs exactly one of image, text, vector" (null is not given)
+ONE_QUERY = {"oneOf": [{"required": [k], "properties": {k: {"not": NULL}}} for k in ("image", "text", "vector")]}
+MODELS = {"InferRequest": {"anyOf": [{"required": ["text"], "properties": {"text": SOME}},
+                                     {"required": ["image"], "properties": {"image": SOME}}]},
+          "Point": ONE_QUERY, "Search": ONE_QUERY}
 # /collections/{name}...: "collection name must be 1-64 characters of [A-Za-z0-9_-]"
 PATH_PARAMETERS = {"name": {"type": "string", "pattern": f"^{NAME_RE.pattern}$"}}
 
@@ -75,16 +80,41 @@ def request_components(document: dict) -> set[str]:
     return found
 
 
-def refine_requests(document: dict) -> None:
+def forms(settings: Settings) -> dict[tuple[str, str], dict]:
+    """Schemas that replace a property's (its title, description, default and examples kept), with the
+    bounds that are settings."""
+    count = {"maxItems": settings.max_inputs}  # "input has N items, over the limit of ... (MAX_INPUTS)"
+    # the routes serve texts; token-id arrays are parsed only to be refused with a 400 that says why
+    # (gateway/schemas/text_input.py), so the document does not offer them
+    return {**PROPERTIES,
+            ("EmbeddingsRequest", "input"): {"anyOf": [TEXT, {**TEXTS, **count}]},
+            # [] beside images is fine
+            ("InferRequest", "text"): {"anyOf": [{"type": "array", "items": TEXT, **count}, NULL]},
+            ("InferRequest", "image"): {"anyOf": [{"type": "array", "items": IMAGE, **count}, NULL]}}
+
+
+def bounds(settings: Settings) -> dict[tuple[str, str], dict]:
+    """Bounds that are settings, added to what a property's schema says."""
+    # "limit must be between 1 and N (SEARCH_MAX_LIMIT)"
+    return {("Search", "limit"): {"minimum": 1, "maximum": settings.search_max_limit},
+            # "points is empty"; "... over the limit of N per request (SEARCH_MAX_POINTS)"
+            ("Points", "points"): {"minItems": 1, "maxItems": settings.search_max_points},
+            ("PointIds", "ids"): {"maxItems": settings.search_max_points}}
+
+
+def refine_requests(document: dict, settings: Settings | None = None) -> None:
     """Tighten the document's request schemas and path parameters to what the routes accept (in place)."""
     schemas = document.get("components", {}).get("schemas", {})
+    settings = settings or Settings()
+    replaced, added = forms(settings), bounds(settings)
     for name in request_components(document):
         schema = schemas[name]
         for prop, refined in schema.get("properties", {}).items():
-            tighter = PROPERTIES.get((name, prop))
+            tighter = replaced.get((name, prop))
             if tighter is not None:
                 kept = {k: v for k, v in refined.items() if k in ("title", "description", "default", "examples")}
-                schema["properties"][prop] = {**kept, **tighter}
+                refined = {**kept, **tighter}
+            schema["properties"][prop] = {**refined, **added.get((name, prop), {})}
         schema.update(MODELS.get(name, {}))
         schemas[name] = _lax_booleans(schema)
     for path, operations in document.get("paths", {}).items():

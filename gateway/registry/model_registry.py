@@ -221,7 +221,7 @@ class ModelRegistry:
         if model_name in self.builtin:
             spec = self.builtin[model_name]
             if spec.kind != kind:
-                raise errors.BadRequest(f"model '{model_name}' is a {spec.kind}, not a {kind}", param="model_name")
+                raise errors.Conflict(f"model '{model_name}' is a {spec.kind}, not a {kind}", param="model_name")
             return spec, True
         key = self.key(model_name, pretrained)
         async with self._lock:
@@ -363,7 +363,7 @@ class ModelRegistry:
     # ---- unload / delete ------------------------------------------------------------------------
     async def unload(self, model_name: str, pretrained: str | None) -> ModelSpec:
         if model_name in self.builtin:
-            raise errors.BadRequest(f"model '{model_name}' is shipped with the server and cannot be unloaded",
+            raise errors.Conflict(f"model '{model_name}' is shipped with the server and cannot be unloaded",
                                     param="model_name")
         found = self._find(model_name, pretrained)
         if found is None or found.state == "unloading":
@@ -435,7 +435,7 @@ class ModelRegistry:
     async def delete(self, model_name: str, pretrained: str | None, kind: str | None = None) -> None:
         """Unload if loaded, then remove the generated folders; 404 if there is nothing to delete."""
         if model_name in self.builtin:
-            raise errors.BadRequest(f"model '{model_name}' is shipped with the server and cannot be deleted",
+            raise errors.Conflict(f"model '{model_name}' is shipped with the server and cannot be deleted",
                                     param="model_name")
         found = self._find(model_name, pretrained)
         key = found.key if isinstance(found, Entry) else self.key(model_name, pretrained)

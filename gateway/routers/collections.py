@@ -11,13 +11,16 @@ from fastapi import APIRouter
 from gateway.dependencies import CollectionsDep, EmbedderDep, SettingsDep
 from gateway.embedding.embed import Embedder
 from gateway.embedding.images import image_bytes
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, Conflict, NotFound, responses
 from gateway.middleware.strict_json import StrictJSONRoute
 from gateway.schemas.collections import CreateCollection, PointIds, Points, Search
 from gateway.search.collections import CollectionInfo, check_filter, check_ids, check_name
 from gateway.settings import Settings
 
 router = APIRouter(tags=["search"], route_class=StrictJSONRoute)
+# the refusals that depend on the collections and models there are (the document lists them with these rules)
+MISSING = (NotFound, "the collection does not exist")
+OTHER_DIMENSION = (Conflict, "a vector's dimension is not the collection's")
 
 
 def one_query(item, where: str) -> str:
@@ -30,7 +33,7 @@ def one_query(item, where: str) -> str:
 def check_vector(vector: list[float], dimension: int, param: str) -> np.ndarray:
     array = np.asarray(vector, dtype=np.float32)
     if array.shape != (dimension,):
-        raise BadRequest(f"{param} has dimension {array.size}; the collection's is {dimension}", param=param)
+        raise Conflict(f"{param} has dimension {array.size}; the collection's is {dimension}", param=param)
     if not np.isfinite(array).all() or not np.linalg.norm(array) > 0:
         raise BadRequest(f"{param} must be finite and non-zero", param=param)
     return array
@@ -52,14 +55,16 @@ async def embed(embedder: Embedder, settings: Settings, info: CollectionInfo, ki
     return out
 
 
-@router.put("/collections/{name}")
+@router.put("/collections/{name}", responses=responses(
+        (NotFound, "the model named is not loaded"),
+        (Conflict, "the collection exists with other settings, or the model is not a CLIP model")))
 async def create_collection(name: str, body: CreateCollection, service: CollectionsDep, embedder: EmbedderDep):
     check_name(name)
     service.check_shared(name, body.store)  # before the model: refused as asked, whatever it names
     spec = await embedder.model_spec(body.model, body.pretrained)
     if spec.kind != "clip" or not spec.image_model:
-        raise BadRequest(f"model '{body.model}' is not a CLIP model (load one with POST /load_clip_model)",
-                         param="model")
+        raise Conflict(f"model '{body.model}' is not a CLIP model (load one with POST /load_clip_model)",
+                       param="model")
     info = CollectionInfo(name=name, model=body.model, pretrained=body.pretrained, store=body.store,
                           distance=body.distance, dimension=spec.dimension)
     created = await service.create(info)
@@ -71,18 +76,18 @@ async def list_collections(service: CollectionsDep):
     return {"collections": [await service.describe(n) for n in sorted(service.infos)]}
 
 
-@router.get("/collections/{name}")
+@router.get("/collections/{name}", responses=responses(MISSING))
 async def get_collection(name: str, service: CollectionsDep):
     return await service.describe(name)
 
 
-@router.delete("/collections/{name}")
+@router.delete("/collections/{name}", responses=responses(MISSING))
 async def delete_collection(name: str, service: CollectionsDep):
     await service.drop(name)
     return {"deleted": name}
 
 
-@router.post("/collections/{name}/points")
+@router.post("/collections/{name}/points", responses=responses(MISSING, OTHER_DIMENSION))
 async def upsert_points(name: str, body: Points, service: CollectionsDep, embedder: EmbedderDep,
                         settings: SettingsDep):
     info = service.info(name)
@@ -105,7 +110,7 @@ async def upsert_points(name: str, body: Points, service: CollectionsDep, embedd
     return {"upserted": len(ids), "count": count}
 
 
-@router.delete("/collections/{name}/points")
+@router.delete("/collections/{name}/points", responses=responses(MISSING))
 async def delete_points(name: str, body: PointIds, service: CollectionsDep, settings: SettingsDep):
     service.info(name)
     if len(body.ids) > settings.search_max_points:
@@ -115,7 +120,7 @@ async def delete_points(name: str, body: PointIds, service: CollectionsDep, sett
     return {"deleted": deleted, "count": (await service.describe(name))["count"]}
 
 
-@router.post("/collections/{name}/search")
+@router.post("/collections/{name}/search", responses=responses(MISSING, OTHER_DIMENSION))
 async def search(name: str, body: Search, service: CollectionsDep, embedder: EmbedderDep, settings: SettingsDep):
     started = time.perf_counter()
     info = service.info(name)

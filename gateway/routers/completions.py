@@ -3,70 +3,60 @@
 connection, abandoned stream) cancels its sequences, so they leave the generator's batch."""
 from __future__ import annotations
 
-import asyncio
-from typing import Awaitable, TypeVar
-
+import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from gateway import errors
 from gateway.completions import sequences as runner
 from gateway.completions import shapes
-from gateway.completions.checks import check
+from gateway.completions.checks import resolve
+from gateway.completions.resolved import ResolvedCompletion
 from gateway.completions.tensors import sequences
-from gateway.dependencies import EngineDep, SettingsDep
+from gateway.client_gone import CLIENT_GONE, ClientGone, until_disconnected
+from gateway.dependencies import EngineDep, QuotasDep, SettingsDep
+from gateway.middleware.body_limits import owner_of
 from gateway.middleware.strict_json import StrictJSONRoute
 from gateway.schemas.completions import CompletionRequest
 from gateway.telemetry import spans
+from gateway.triton.fair_slots import SlotEngine, completion_slots
 
 router = APIRouter(tags=["openai"], route_class=StrictJSONRoute)
-T = TypeVar("T")
-CLIENT_GONE = 499  # nginx's "client closed request": logged, never received by anyone
-
-
-class ClientGone(Exception):
-    pass
-
-
-async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """`work`, cancelled as soon as the client's connection closes. The body is read by now, so the next
-    ASGI message is `http.disconnect`: wait for it beside the work. (Not `request.is_disconnected()`:
-    its zero-timeout receive loses the message under an `@app.middleware("http")` middleware.)"""
-    task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(request.receive())
-    try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-        if watch.result().get("type") == "http.disconnect":
-            raise ClientGone()
-        return await task  # not a disconnect (nothing else is expected): just finish the work
-    finally:
-        for pending in (task, watch):
-            if not pending.done():
-                pending.cancel()
-        await asyncio.gather(task, watch, return_exceptions=True)
-
-
 @router.post("/v1/completions")
-async def create_completion(body: CompletionRequest, request: Request, engine: EngineDep, settings: SettingsDep):
-    prompts = check(body, settings)
-    seqs = sequences(body, prompts)
-    header = shapes.Header(body.model)
+async def create_completion(body: CompletionRequest, request: Request, engine: EngineDep, settings: SettingsDep,
+                            quotas: QuotasDep):
+    completion = resolve(body, settings)  # read once: the quota, the tensors and the answer use this alone
+    if quotas is not None:  # the key's tokens per minute, before any work
+        await quotas.charge_tokens(request, completion.budget)
+    seqs = sequences(completion)
+    # each sequence holds a completion slot while it runs; more wait their owner's turn (gateway/triton/fair_slots.py)
+    engine = SlotEngine(engine, completion_slots(request.app.state), owner_of(request.scope))
+    header = shapes.Header(completion.model)
     try:
-        if body.stream:
-            return await _streamed(request, body, seqs, engine, header)
+        if completion.stream:
+            return await _streamed(request, completion, seqs, engine, header, quotas)
         choices = await until_disconnected(request, runner.collect(engine, seqs))
     except ClientGone:
         return Response(status_code=CLIENT_GONE)
     prompt_tokens = {c.prompt_index: c.prompt_tokens for c in choices}
+    await _charge_echo(quotas, request, completion, prompt_tokens)
     # echo: the model prepends the prompt (exclude_input_in_output false), with its tokens' logprobs when asked
-    return shapes.response(
+    body = shapes.response(
         header, [shapes.choice(c.index, c.text, c.finish_reason, c.logprobs) for c in choices],
         shapes.total_usage(prompt_tokens, [c.completion_tokens for c in choices]))
+    # encoded off the event loop: a score-only answer runs to megabytes (issue 56)
+    return Response(await anyio.to_thread.run_sync(shapes.rendered, body), media_type="application/json")
 
 
-async def _streamed(request: Request, body: CompletionRequest, seqs, engine, header) -> StreamingResponse:
+async def _charge_echo(quotas, request: Request, completion: ResolvedCompletion, prompt_tokens: dict[int, int]):
+    """With echo every choice sends its prompt's tokens back (a score-only request sends nothing else):
+    charged once the model has counted them, before any of the answer leaves (issue 56)."""
+    if quotas is not None and completion.echo:
+        await quotas.charge_echo(request, completion.n * sum(prompt_tokens.values()))
+
+
+async def _streamed(request: Request, completion: ResolvedCompletion, seqs, engine, header,
+                    quotas=None) -> StreamingResponse:
     pieces = runner.stream(engine, seqs)
     # Hold the 200 until every sequence has its first piece (or an error): errors the model finds in a
     # request (a prompt over the context window) are then still a plain 400. The sequences start
@@ -75,6 +65,8 @@ async def _streamed(request: Request, body: CompletionRequest, seqs, engine, hea
     try:
         while len({p.index for p in first}) < len(seqs):
             first.append(await until_disconnected(request, pieces.__anext__()))
+        prompt_of_choice = {s.index: s.prompt_index for s in seqs}
+        await _charge_echo(quotas, request, completion, {prompt_of_choice[p.index]: p.prompt_tokens for p in first})
     except BaseException:
         await pieces.aclose()
         raise
@@ -100,7 +92,7 @@ async def _streamed(request: Request, body: CompletionRequest, seqs, engine, hea
                 sent[piece.index] = before + len(piece.text)
                 yield shapes.sse(shapes.chunk(header, piece.index, piece.text, piece.finish_reason,
                                               shapes.shifted(piece.logprobs, before)))
-            if body.stream_options is not None and body.stream_options.include_usage:
+            if completion.include_usage:
                 yield shapes.sse(shapes.usage_chunk(
                     header, shapes.total_usage(prompt_tokens, list(completion_tokens.values()))))
             yield shapes.DONE

@@ -12,7 +12,7 @@ from gateway.dependencies import EmbedderDep, EngineDep, RegistryDep, SettingsDe
 from gateway.embedding.embed import check_count
 from gateway.embedding.inputs import texts_of
 from gateway.embedding.images import image_bytes
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, Conflict, Forbidden, NotFound, responses
 from gateway.middleware.strict_json import StrictJSONRoute
 from gateway.modelgen import ModelSpec
 from gateway.registry import ModelRegistry, model_id
@@ -43,23 +43,31 @@ async def _load(registry: ModelRegistry, name: str, pretrained: str | None, kind
     return {"message": f"Model {_label(name, pretrained)} {verb}.", "model": describe(spec), "replicas": placement}
 
 
-@router.post("/load_sentence_transformer_model")
+# the refusals that depend on what is loaded, on disk or on the hub (the document lists them with these rules)
+LOAD = responses((NotFound, "neither a folder under MODEL_ROOTS nor a model on the hub"),
+                 (Forbidden, "outside MODEL_ROOTS, or a hub download the settings do not allow"),
+                 (Conflict, "loaded (or shipped) as another kind of model, or being unloaded"))
+SHIPPED = "the model is shipped with the server"
+
+
+@router.post("/load_sentence_transformer_model", responses=LOAD)
 async def load_sentence_transformer_model(body: LoadSentenceTransformer, registry: RegistryDep, wait: str = WAIT):
     return await _load(registry, body.model_name, None, "sentence_transformer", body.replace, wait)
 
 
-@router.post("/load_clip_model")
+@router.post("/load_clip_model", responses=LOAD)
 async def load_clip_model(body: LoadClip, registry: RegistryDep, wait: str = WAIT):
     return await _load(registry, body.model_name, body.pretrained, "clip", body.replace, wait)
 
 
-@router.post("/unload_model")
+@router.post("/unload_model", responses=responses((NotFound, "the model is not loaded"), (Conflict, SHIPPED)))
 async def unload_model(body: ModelRef, registry: RegistryDep):
     await registry.unload(body.model_name, body.pretrained)
     return {"message": f"Model {_label(body.model_name, body.pretrained)} unloaded."}
 
 
-@router.post("/delete_model")
+@router.post("/delete_model", responses=responses((NotFound, "the model has no generated files"),
+                                                  (Conflict, SHIPPED)))
 async def delete_model(body: ModelRef, registry: RegistryDep):
     await registry.delete(body.model_name, body.pretrained)
     return {"message": f"Model {_label(body.model_name, body.pretrained)} deleted."}
@@ -80,7 +88,9 @@ async def loaded_models(registry: RegistryDep, settings: SettingsDep):
                          "replicas": where.get(r.id, [])} for r in await registry.pending()]}
 
 
-@router.post("/infer")
+@router.post("/infer", responses=responses(
+        (NotFound, "the model named is not loaded"),
+        (Conflict, "the model named does not embed images (or text), as the request asks")))
 async def infer(body: InferRequest, embedder: EmbedderDep, settings: SettingsDep):
     started = time.perf_counter()
     if not body.text and not body.image:

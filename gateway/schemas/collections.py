@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.schemas.images import Image
+
 
 class CreateCollection(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -18,7 +20,7 @@ class CreateCollection(BaseModel):
 class Point(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: Any
-    image: str | None = None
+    image: Image | None = None
     text: str | None = None
     vector: list[float] | None = None
     payload: dict[str, Any] = Field(default_factory=dict)
@@ -36,8 +38,8 @@ class PointIds(BaseModel):
 
 class Search(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    image: str | None = None
+    image: Image | None = None
     text: str | None = None
     vector: list[float] | None = None
-    limit: int = 10
+    limit: int = Field(10, description="1 to SEARCH_MAX_LIMIT (100)")  # checked by the route, naming the setting
     filter: dict[str, Any] | None = None

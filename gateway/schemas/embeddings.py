@@ -3,11 +3,16 @@
 LangChain's OpenAIEmbeddings sends by default, get a 400 naming the cause and the fix."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
 from gateway.schemas.text_input import TextInput
+
+# the widest embedding `dimensions` may ask for, whatever the model: a static bound, so that the schema refuses
+# an absurd value (3.6e18) as the gateway does; up to it, a value over the named model's own dimension is a
+# 409 (it depends on which model the name is: gateway/routers/embeddings.py)
+MAX_DIMENSIONS = 8192
 
 
 class EmbeddingsRequest(BaseModel):
@@ -17,7 +22,8 @@ class EmbeddingsRequest(BaseModel):
                                          "arrays are refused (ids of another tokenizer would embed other text)",
                              examples=["hello world"])
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, description="keep the first N values and re-normalize")
+    dimensions: Annotated[int, Field(ge=1, le=MAX_DIMENSIONS)] | None = Field(
+        None, description="keep the first N values and re-normalize (at most the model's own dimension: 409 over it)")
     user: str | None = None
     truncate: bool | None = Field(None, description="embed the first tokens of an input over the model's maximum "
                                                     "sequence length instead of refusing it (default: "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from gateway.schemas.images import Image
+
 
 class NerRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -12,4 +14,4 @@ class NerRequest(BaseModel):
 
 class CaptionRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    image: str  # base64, a data: URL, or an allowlisted http(s) URL (as /v1/embeddings' images)
+    image: Image

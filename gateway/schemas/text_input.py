@@ -3,7 +3,8 @@ list of token-id arrays. All four are parsed, so that token ids reach the route 
 and what to change (gateway/embedding/inputs.py, gateway/completions/checks.py), instead of a validation
 error about strings. Which form a value is in is read from its first item (a callable discriminator), so a
 list is validated once, as one form; a list of strings stops at its first bad item, and token ids are not
-validated at all: they are refused whatever they hold. (Pydantic's plain union took 19 s and a 380 MB
+validated here: embeddings refuse them whatever they hold, completions check each against the model's
+vocabulary (gateway/completions/checks.py). (Pydantic's plain union took 19 s and a 380 MB
 message for a 14 MB list of integers.)"""
 from __future__ import annotations
 

@@ -12,21 +12,26 @@ fault (400) may have been failed by one request's row: each request of it is the
 that only that request fails. Every other failure (Triton gone, over capacity, timeout) is every
 row's, and each request gets it.
 
-The queue is bounded (`max_pending` rows, as each ensemble's own Triton queue is): a request that would
-go over it gets a 503 `overloaded` at once, as Triton's full queue answered before, instead of waiting
-behind an ever longer queue while the server is saturated."""
+The queue is a fair one (gateway/triton/fair_queue.py, issue 56): bounded (`max_pending` rows,
+COALESCE_QUEUE_ROWS) and each owner (an API key; without keys a client address) at most `max_owner_pending`
+of them (COALESCE_QUEUE_KEY_ROWS); a request over either gets a 503 `overloaded` at once. A call is filled
+round-robin across owners, so another key's one-sentence request goes in the next call beside one batch of a
+heavy key's, not behind its whole backlog. A waiting request leaves the queue when its own wait passes
+`timeout_s` (503 `queue_timeout`) or when it is cancelled (its client left, issue 56): its rows are dropped
+then, never sent."""
 from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 import numpy as np
 
-from gateway.errors import BadRequest, Unavailable
+from gateway.errors import BadRequest
 from gateway.telemetry import spans
+from gateway.triton.fair_queue import FairQueue, QueueFull
+from gateway.triton.fair_slots import queue_refusal, queue_timeout
 
 Send = Callable[[list], Awaitable[np.ndarray]]  # items -> [len(items), ...] rows, in order
 
@@ -44,18 +49,23 @@ class _Job:
 class Coalescer:
     """One ensemble's calls: `await run(items)` answers this request's rows, sent with others' when busy."""
 
-    def __init__(self, send: Send, max_rows: int, max_calls: int, max_pending: int = 256, name: str = "model"):
+    def __init__(self, send: Send, max_rows: int, max_calls: int, max_pending: int = 256,
+                 max_owner_pending: int | None = None, timeout_s: float | None = None, name: str = "model"):
         if max_rows < 1 or max_calls < 1 or max_pending < 1:
             raise ValueError(f"max_rows, max_calls and max_pending must be >= 1, not {max_rows}, {max_calls}, {max_pending}")
         self.send, self.max_rows, self.max_calls, self.max_pending = send, max_rows, max_calls, max_pending
-        self.name = name
-        self.pending: deque[_Job] = deque()
-        self.pending_rows = 0
+        self.name, self.timeout_s = name, timeout_s
+        self.pending: FairQueue[_Job] = FairQueue(max_pending, max_owner_pending)
         self.calls = 0
         self.tasks: set[asyncio.Task] = set()  # referenced until done: the loop keeps only weak ones
         self.sent_calls = self.sent_requests = 0  # counters for tests and benches
 
-    async def run(self, items: list) -> np.ndarray:
+    @property
+    def pending_rows(self) -> int:
+        return self.pending.size
+
+    async def run(self, items: list, owner=None) -> np.ndarray:
+        """This request's rows; `owner`: whose share of the queue they count against (None: everyone's)."""
         if self.calls < self.max_calls and not self.pending:  # a free slot: this request's own call, in its task
             self.calls += 1
             self.sent_calls += 1
@@ -65,25 +75,49 @@ class Coalescer:
             finally:
                 self.calls -= 1
                 self._pump()
-        if self.pending_rows + len(items) > self.max_pending:
-            raise Unavailable(f"model '{self.name}' is over capacity ({self.pending_rows} rows waiting), retry later",
-                              code="overloaded")
-        wait = spans.start("gateway.coalesce.wait")
-        job = _Job(list(items), wait=wait, context=None if wait is None else contextvars.copy_context())
-        self.pending.append(job)
-        self.pending_rows += len(job.items)
+        job = _Job(list(items))
+        try:
+            self.pending.put(owner, job, len(job.items))
+        except QueueFull as full:
+            raise queue_refusal(full, f"model '{self.name}' is over capacity (rows)", "COALESCE_QUEUE_ROWS",
+                                "COALESCE_QUEUE_KEY_ROWS") from None
+        job.wait = spans.start("gateway.coalesce.wait")
+        job.context = None if job.wait is None else contextvars.copy_context()
         self._pump()
-        return await job.future  # a cancelled request leaves its rows to the call: their answer is dropped
+        try:
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    return await asyncio.shield(job.future)
+            except TimeoutError:
+                if self._drop(owner, job):  # still queued: the wait is over
+                    raise queue_timeout(f"model '{self.name}' is over capacity", self.timeout_s or 0) from None
+                return await asyncio.shield(job.future)  # in a call already: its answer (Triton's deadline bounds it)
+        except asyncio.CancelledError:
+            # the client left (or a refusal cancelled the rest): rows still queued are dropped, never sent; rows
+            # already in a call are its, and their answer is dropped
+            self._drop(owner, job)
+            if not job.future.done():
+                job.future.cancel()
+            raise
+
+    def _drop(self, owner, job: _Job) -> bool:
+        """Take a job out of the queue (True), or False when a call has it already."""
+        if not self.pending.remove(owner, job):
+            return False
+        if job.wait is not None:
+            spans.end(job.wait, attributes={"gateway.coalesce.cancelled": True})
+        job.future.cancel()
+        return True
 
     def _pump(self) -> None:
         while self.pending and self.calls < self.max_calls:
-            batch = [self.pending.popleft()]
+            # round-robin across owners (fair_queue.py), each call filled up to max_rows; a request is never split
+            batch = [self.pending.pop()[1]]
             rows = len(batch[0].items)
-            while self.pending and rows + len(self.pending[0].items) <= self.max_rows:
-                job = self.pending.popleft()
+            while self.pending and rows + self.pending.peek()[1] <= self.max_rows:
+                job = self.pending.pop()[1]
                 batch.append(job)
                 rows += len(job.items)
-            self.pending_rows -= rows
             live = [job for job in batch if not job.future.done()]  # cancelled while queued: not sent
             lead = next((job for job in live if job.context is not None), None)  # a traced request's
             if lead is not None or any(job.wait is not None for job in batch):

@@ -1,5 +1,7 @@
-"""The Triton side of the gateway: one async gRPC client (`tritonclient.grpc.aio`, nothing blocking on
-the event loop), numpy in and out, and Triton's error codes turned into the gateway's error types."""
+"""The Triton side of the gateway: async gRPC (nothing blocking on the event loop), numpy in and out, and Triton's
+error codes turned into the gateway's error types. Inference goes through Triton's generated gRPC stub
+(`tritonclient.grpc.service_pb2_grpc`) with messages built here; the control calls (live, ready, load, unload,
+statistics, index) through `tritonclient.grpc.aio`'s client. Only tritonclient's public modules are imported."""
 from __future__ import annotations
 
 import asyncio
@@ -12,8 +14,7 @@ from typing import AsyncIterator, Mapping, Sequence
 import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
-from tritonclient.grpc import InferInput, InferResult, service_pb2
-from tritonclient.grpc._utils import _get_inference_request, get_error_grpc
+from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferResult, KeepAliveOptions, service_pb2, service_pb2_grpc
 from tritonclient.utils import (InferenceServerException, deserialize_bytes_tensor, np_to_triton_dtype,
                                 triton_to_np_dtype)
 
@@ -21,21 +22,9 @@ from gateway import errors
 from gateway.telemetry import spans
 
 
-def infer_input(name: str, array: np.ndarray) -> InferInput:
-    """A Triton input from a numpy array; str/bytes object arrays become BYTES (str sent as UTF-8)."""
-    if array.dtype == np.object_:
-        array = np.vectorize(lambda v: v.encode("utf-8") if isinstance(v, str) else v, otypes=[np.object_])(array)
-        dtype = "BYTES"
-    else:
-        dtype = np_to_triton_dtype(array.dtype)
-    tensor = InferInput(name, list(array.shape), dtype)
-    tensor.set_data_from_numpy(array)
-    return tensor
-
-
 def _raw_bytes(array: np.ndarray) -> bytes:
     """Triton's BYTES wire format (a 4-byte little-endian length before each item), str sent as UTF-8:
-    what InferInput.set_data_from_numpy produces, without np.vectorize and its per-call set-up."""
+    what tritonclient's serialize_byte_tensor produces, without np.vectorize and its per-call set-up."""
     pack, parts = struct.Struct("<I").pack, []
     for v in array.flat:
         b = v.encode("utf-8") if isinstance(v, str) else bytes(v)
@@ -56,7 +45,7 @@ def infer_request(model: str, inputs: Mapping[str, np.ndarray], outputs: Sequenc
         tensor = request.inputs.add()
         tensor.name = name
         tensor.shape.extend(array.shape)
-        if array.dtype == np.object_:
+        if array.dtype.kind in "OSU":  # object, bytes_ or str_ items: Triton's BYTES
             tensor.datatype = "BYTES"
             request.raw_input_contents.append(_raw_bytes(array))
         else:
@@ -64,6 +53,16 @@ def infer_request(model: str, inputs: Mapping[str, np.ndarray], outputs: Sequenc
             request.raw_input_contents.append(np.ascontiguousarray(array).tobytes())
     for name in outputs:
         request.outputs.add().name = name
+    return request
+
+
+def stream_request(model: str, inputs: Mapping[str, np.ndarray],
+                   timeout_s: float | None = None) -> service_pb2.ModelInferRequest:
+    """A decoupled model's request: every output (none named), and `triton_enable_empty_final_response` set, so
+    that a model that ends with a bare FINAL flag still tells the gateway it is done. tritonclient's aio client
+    refuses reserved parameters, so the message is built here (as its sync client does)."""
+    request = infer_request(model, inputs, (), timeout_s)
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
     return request
 
 
@@ -86,6 +85,11 @@ def response_arrays(response: service_pb2.ModelInferResponse) -> dict[str, np.nd
 def string_rows(values: Sequence[str | bytes]) -> np.ndarray:
     """[len(values), 1] object array: one item per batch row, the layout every ensemble takes."""
     return np.array([[v] for v in values], dtype=np.object_).reshape(len(values), 1)
+
+
+def rpc_failure(exc: grpc.RpcError) -> InferenceServerException:
+    """A failed gRPC call as tritonclient's clients report it: the message, the status code's name."""
+    return InferenceServerException(exc.details(), status=str(exc.code()), debug_details=exc.debug_error_string())
 
 
 def _status(exc: InferenceServerException) -> str:
@@ -153,8 +157,6 @@ def stream_error(message: str, model: str) -> errors.ApiError:
 def channel_args() -> list[tuple[str, int]]:
     """tritonclient's defaults, plus a short reconnect backoff: gRPC's own grows to ~10 s after 30 s of a
     restarting server (seen: the gateway noticed the new server 8 s after it was ready)."""
-    from tritonclient.grpc._client import MAX_GRPC_MESSAGE_SIZE, KeepAliveOptions
-
     keepalive = KeepAliveOptions()
     return [("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
             ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
@@ -175,25 +177,29 @@ class StreamResponse:
 class TritonEngine:
     def __init__(self, url: str, request_timeout_s: float = 300.0):
         self.url, self.request_timeout_s = url, request_timeout_s
-        self.client = grpcaio.InferenceServerClient(url, channel_args=channel_args())
+        self.client = grpcaio.InferenceServerClient(url, channel_args=channel_args())  # the control calls
+        # inference on a channel of its own, through the generated stub: the messages are built here (no per-call
+        # InferInput objects) and a stream can set the reserved parameter the aio client refuses
+        self.channel = grpc.aio.insecure_channel(url, options=channel_args())
+        self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
         # Off loopback the launcher restricts Triton's model control to holders of this key (launcher/exposure.py).
         key = os.environ.get("TRITON_ADMIN_KEY")
         self.admin_headers = {"triton-grpc-protocol-triton-admin-key": key} if key else None
 
     async def close(self) -> None:
+        await self.channel.close()
         await self.client.close()
 
     async def infer(self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str],
                     timeout_s: float | None = None) -> dict[str, np.ndarray]:
-        # the generated stub directly, as tritonclient's aio infer does inside, minus its per-call objects
         span = spans.start_call("ModelInfer", model)  # None unless this request is traced
         try:
-            response = await self.client._client_stub.ModelInfer(
+            response = await self.stub.ModelInfer(
                 infer_request(model, inputs, outputs, timeout_s or self.request_timeout_s),
                 timeout=timeout_s or self.request_timeout_s,
                 metadata=spans.grpc_metadata(span))
         except grpc.RpcError as exc:
-            failure = await self._failure(get_error_grpc(exc), model)
+            failure = await self._failure(rpc_failure(exc), model)
             spans.end(span, failure)
             raise failure from None
         except BaseException as exc:  # cancelled (a client gone): the span still ends
@@ -208,21 +214,14 @@ class TritonEngine:
         """One request to a decoupled model over gRPC `ModelStreamInfer`: its responses as they come, the
         last flagged final. Closing or cancelling the generator early cancels the gRPC call, which Triton
         passes on to the model as a cancelled request (the codegen front then frees its generator row)."""
-        request = _get_inference_request(
-            model_name=model, inputs=[infer_input(n, a) for n, a in inputs.items()], model_version="",
-            request_id="", outputs=None, sequence_id=0, sequence_start=False, sequence_end=False, priority=0,
-            timeout=timeout_micros(timeout_s or self.request_timeout_s), parameters=None)
-        # the aio client refuses reserved parameters: set it on the message (as the sync client does), so a
-        # model that ends with a bare FINAL flag still tells us it is done
-        request.parameters["triton_enable_empty_final_response"].bool_param = True
+        request = stream_request(model, inputs, timeout_s or self.request_timeout_s)
 
         async def requests():
             yield request
 
-        # the stub directly: the aio wrapper's stream_infer takes dicts and cannot set the flag above
         span = spans.start_call("ModelStreamInfer", model)  # from the call to the final response
-        call = self.client._client_stub.ModelStreamInfer(requests(), timeout=timeout_s or self.request_timeout_s,
-                                                         metadata=spans.grpc_metadata(span))
+        call = self.stub.ModelStreamInfer(requests(), timeout=timeout_s or self.request_timeout_s,
+                                          metadata=spans.grpc_metadata(span))
         done, failure, responses = False, None, 0
         try:
             async for message in call:
@@ -245,7 +244,7 @@ class TritonEngine:
                 raise server_gone(model)
             raise errors.internal(RuntimeError("stream ended without a final response"), f"stream from '{model}'")
         except grpc.aio.AioRpcError as exc:  # the call itself failed (server gone, deadline)
-            failure = await self._failure(InferenceServerException(exc.details(), status=str(exc.code())), model)
+            failure = await self._failure(rpc_failure(exc), model)
             raise failure from None
         except BaseException as exc:
             failure = exc

@@ -1,8 +1,10 @@
 """The gateway's view of the Triton server underneath, kept true when the server dies and comes back.
 
-A poll every `period_s`: while Triton is not live, gateway/middleware/admission.py refuses every request with a 503
-(naming no address). A new server (one seen after a down period, or one that no longer has a model the
-gateway holds: the kubelet restarted the `triton` container between two polls) has only what its
+A poll every `period_s` of each server (one per failure domain: gateway/triton/domains.py): while every server is
+down, gateway/middleware/admission.py refuses every request with a 503 (naming no address); while one of two is
+down, only its models' calls fail (a 503 from the engine) and the other domain serves on. A new server (one
+seen after a down period, or one that no longer has a model the gateway holds: the kubelet restarted the
+`triton` container between two polls) has only what its
 command line loads, so every runtime-registered and preloaded model the registry holds is loaded
 again, from the folders the gateway generated (DATA_DIR/triton_models, Triton's second repository).
 Until its own reload is done, each such model answers 503 and is listed as reloading, not as loaded."""
@@ -14,6 +16,7 @@ import time
 
 from gateway import errors
 from gateway.middleware.admission import Admission
+from gateway.triton.domains import ENCODERS, health_key, servers_of
 
 log = logging.getLogger("gateway.server_watch")
 
@@ -21,7 +24,7 @@ log = logging.getLogger("gateway.server_watch")
 class ServerWatch:
     def __init__(self, engine, registry, admission: Admission, period_s: float = 0.5):
         self.engine, self.registry, self.admission, self.period_s = engine, registry, admission, period_s
-        self.down_since: float | None = None
+        self.down: dict[str, float] = {}  # domain -> monotonic time its server was seen down
         self.suspects: dict = {}  # entry -> polls in a row its models were not READY on a live server
         self.resyncs: list[dict] = []  # {"entries", "started", "done", "seconds"}: for logs and tests
         self._poke = asyncio.Event()
@@ -43,12 +46,19 @@ class ServerWatch:
         """Check now (a request saw the server or a model gone)."""
         self._poke.set()
 
+    @property
+    def down_since(self) -> float | None:
+        """When the main server (the registry's models) went down; None while it is live."""
+        return self.down.get(ENCODERS)
+
     def problems(self) -> dict[str, str]:
-        """For /health: the server when it is down, and each model that is being loaded again."""
+        """For /health: each server that is down (`triton`, `triton_codegen`: no address), and each model that is
+        being loaded again."""
+        problems = {health_key(domain): "the Triton server is not live (restarting)" for domain in self.down}
         if self.down_since is not None:
-            return {"triton": self.admission.server_problem or "Triton server is not live"}
-        return {entry.label: "reloading into the restarted Triton server"
-                for entry in self.registry.entries.values() if entry.state == "resyncing"}
+            return problems
+        return problems | {entry.label: "reloading into the restarted Triton server"
+                           for entry in self.registry.entries.values() if entry.state == "resyncing"}
 
     async def _run(self) -> None:
         while True:
@@ -64,12 +74,21 @@ class ServerWatch:
             self._poke.clear()
 
     async def check_once(self) -> None:
-        if not await self.engine.live():
-            if self.down_since is None:
-                self.down_since = time.monotonic()
-                log.warning("Triton server at %s is down: requests get 503 until it is back", self.engine.url)
+        servers = servers_of(self.engine)
+        live = dict(zip(servers, await asyncio.gather(*(engine.live() for engine in servers.values()))))
+        for domain, engine in servers.items():
+            if not live[domain] and domain not in self.down:
+                self.down[domain] = time.monotonic()
+                log.warning("Triton server (%s) at %s is down: its models' requests get 503 until it is back",
+                            domain, engine.url)
+            elif live[domain] and domain != ENCODERS and domain in self.down:
+                log.warning("Triton server (%s) is back after %.1fs", domain, time.monotonic() - self.down.pop(domain))
+        if not any(live.values()):  # nothing can serve: the gate closes (a single server's outage included)
             # what /health answers: no internal address (the log line above names it)
             self.admission.server_problem = "the Triton server is not live (restarting); retry later"
+            return
+        if not live[ENCODERS]:  # the other domain serves; the registry's models (there) wait for their server
+            self.admission.server_problem = None
             return
         held = [e for e in self.registry.entries.values() if e.state == "ready" and e.spec is not None]
         ready = {m.get("name") for m in await self.engine.repository_index()
@@ -87,8 +106,7 @@ class ServerWatch:
             self.suspects.pop(entry, None)
             entry.state = "resyncing"
         if self.down_since is not None:
-            log.warning("Triton server is back after %.1fs", time.monotonic() - self.down_since)
-            self.down_since = None
+            log.warning("Triton server is back after %.1fs", time.monotonic() - self.down.pop(ENCODERS))
         self.admission.server_problem = None
         if lost:
             log.warning("the Triton server lost %d of the gateway's models (a restart): loading them again: %s",

@@ -2,7 +2,7 @@
 bound to loopback, its append-only file in `data_dir` (what was registered survives a restart), stopped
 with SIGTERM (Redis writes its data and exits) and killed if it hangs. With a password (`make cluster`
 always gives one: `kept_password`), a client must AUTH first; the password goes to redis-server in a
-mode-600 config file, never on its command line (which every local user can read in /proc)."""
+mode-600 config file, never on its command line (which every local user can read, with ps for one)."""
 from __future__ import annotations
 
 import os

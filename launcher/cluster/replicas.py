@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.keeper import Keeper, RestartPolicy
-from launcher.processes import alive, process_tree, shm_regions_mapped, start_time
+from supervisor.processes import TreeRegions, command_line, process_tree, start_time, still_runs
 
 
 def server_name(index: int) -> str:
@@ -34,8 +34,8 @@ class Replica:
     given_up: str | None = None
     # the launcher's processes as last seen (pid -> start time): a launcher killed with SIGKILL leaves its
     # tritonserver and gateway running in sessions of their own, holding the replica's ports
-    seen: dict[int, int] = field(default_factory=dict)
-    regions: set[str] = field(default_factory=set)  # /dev/shm regions its servers mapped
+    seen: dict[int, float | None] = field(default_factory=dict)
+    mapped: TreeRegions = field(default_factory=TreeRegions)  # /dev/shm regions its servers mapped
 
     @property
     def name(self) -> str:
@@ -50,20 +50,17 @@ class Replica:
         if self.process is not None and self.process.poll() is None:
             tree = process_tree(self.process.pid)
             self.seen.update({pid: start_time(pid) for pid in tree if pid not in self.seen})
-            self.regions |= shm_regions_mapped(tree)
+            self.mapped.note(tree)
 
 
 def replica_processes(launcher_pid: int) -> dict[str, list[int]]:
     """A replica's gateway and tritonserver pids, found in its launcher's process tree."""
     found: dict[str, list[int]] = {"gateway": [], "tritonserver": []}
     for pid in process_tree(launcher_pid):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv[:1] and argv[0].endswith(b"/tritonserver"):
+        argv = command_line(pid) or ()
+        if argv[:1] and argv[0].endswith("/tritonserver"):
             found["tritonserver"].append(pid)
-        elif argv[1:3] == [b"-m", b"gateway"]:
+        elif argv[1:3] == ("-m", "gateway"):
             found["gateway"].append(pid)
     return found
 
@@ -71,22 +68,21 @@ def replica_processes(launcher_pid: int) -> dict[str, list[int]]:
 def reap(replica: Replica) -> int:
     """Kills the processes of the replica's last launcher still running (the same pid and start time) and
     removes the /dev/shm regions its servers mapped; returns how many processes it killed."""
-    killed = 0
-    for pid, started in replica.seen.items():
-        if started >= 0 and start_time(pid) == started and alive(pid):
+    killed, seen = 0, [(pid, started) for pid, started in replica.seen.items() if started is not None]
+    for process in seen:
+        if still_runs(process):
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.kill(process[0], signal.SIGKILL)
                 killed += 1
             except ProcessLookupError:
                 pass
     deadline = time.monotonic() + 10
-    while any(start_time(pid) == started and alive(pid) for pid, started in replica.seen.items()) \
-            and time.monotonic() < deadline:
+    while any(still_runs(process) for process in seen) and time.monotonic() < deadline:
         time.sleep(0.05)
-    for region in replica.regions:
+    for region in replica.mapped.regions:
         Path(region).unlink(missing_ok=True)
     replica.seen.clear()
-    replica.regions.clear()
+    replica.mapped.clear()
     return killed
 
 

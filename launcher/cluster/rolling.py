@@ -10,7 +10,7 @@ from pathlib import Path
 from launcher.cluster.haproxy import HAProxyAdmin
 from launcher.cluster.probe import client_host, http_status
 from launcher.cluster.state import owner_alive, read_state
-from launcher.processes import alive
+from supervisor.processes import alive
 
 
 def rolling_restart(cluster_dir: Path, port: int | None = None, up_timeout_s: float = 900.0, echo=print) -> list[dict]:

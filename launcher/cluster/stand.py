@@ -25,8 +25,9 @@ from launcher.cluster.replicas import Replica, ReplicaKeeper, reap, server_name
 from launcher.cluster.state import owner_alive, read_state, write_state
 from launcher.keeper import RUNNING, Keeper, RestartPolicy
 from launcher.paths import ROOT
-from launcher.processes import free_port, kill_tree, port_free, start_time
+from launcher.processes import free_port, kill_tree, port_free
 from launcher.service import StartStop, spawn
+from supervisor.processes import start_time
 
 
 class Interrupted(RuntimeError):
@@ -143,6 +144,8 @@ class Cluster(StartStop):
                     "METRICS_PORT": str(replica.metrics_port), "GATEWAY_PORT": str(replica.gateway_port),
                     "DATA_DIR": str(replica.data_dir), "REPLICA_ID": replica.name, "REDIS_URL": self.redis.url,
                     "TRUSTED_PROXIES": self.balancer.source, "PYTHONUNBUFFERED": "1"})
+        # a replica's codegen server (launcher/domains.py), when it has one, on ports of its own too
+        env.update({f"CODEGEN_{kind}_PORT": str(free_port()) for kind in ("HTTP", "GRPC", "METRICS")})
         if self.models:
             env["LOAD_MODELS"] = ",".join(self.models)
         return env

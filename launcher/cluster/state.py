@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launcher.processes import alive, start_time
+from supervisor.processes import still_runs
 
 STATE = "cluster.json"
 
@@ -28,4 +28,4 @@ def write_state(cluster_dir: Path, state: dict) -> None:
 def owner_alive(state: dict) -> bool:
     """The process that wrote the state file still runs (a pid reused since then does not count)."""
     pid = state.get("pid")
-    return bool(pid) and alive(pid) and start_time(pid) == state.get("pid_start")
+    return bool(pid) and still_runs((pid, state.get("pid_start")))

@@ -29,7 +29,7 @@ PROMPT, MAX_TOKENS = "def fibonacci(n):", 24
 
 @pytest.fixture(scope="module")
 def clients_python() -> Path:
-    """.clients-venv, made on first use (a fresh clone: ~2 min, ~620 MB) and reused while
+    """.clients-venv, made on first use (a fresh clone: minutes; the time is printed) and reused while
     tests/clients/requirements.txt is unchanged."""
     started = time.perf_counter()
     subprocess.run(["bash", str(ROOT / "tools" / "clients_venv.sh")], check=True, timeout=1200)

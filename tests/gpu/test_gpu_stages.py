@@ -1,8 +1,10 @@
 """Each network stage's compute on cuda:0 against the same stage on the CPU, on the demo models, driving the
-stages' Triton-free classes as their model.py does: embeddings and CLIP features within 1e-3, NER spans equal,
-labels equal, captions' greedy tokens equal (or, where they part, the position and both devices' logits), and a
-bad request in a batch fails alone on the GPU while its batch-mates are answered. The codegen generator is in
-test_gpu_codegen.py."""
+stages' Triton-free classes as their model.py does: embeddings and CLIP features within 1e-3, NER emissions close
+and spans equal, labels equal, captions' greedy tokens equal (or parted once at a near tie on the CPU's logits, in at
+most one row in eight: gpu_helpers.check_rows), and a bad request in a batch fails alone on the GPU while its
+batch-mates are answered. Each GPU stage is checked where it runs (gpu_helpers.assert_on_gpu: ONNX Runtime's
+CUDA provider first, torch's tensors on cuda:0) and, for torch, that the GPU's allocator worked during its call.
+The codegen generator is in test_gpu_codegen.py."""
 from __future__ import annotations
 
 import json
@@ -10,8 +12,9 @@ import json
 import numpy as np
 import pytest
 
-from gpu_helpers import (CLIP_DIR, EMBEDDING_TOLERANCE, GPU_TIER, MODEL_REPOSITORY, check_tokens, max_difference,
-                         model_dir, normalized, on_gpu, onnx_on_gpu_or_skip)
+from gpu_helpers import (CLIP_DIR, EMBEDDING_TOLERANCE, GPU_TIER, LOGIT_TOLERANCE, MODEL_REPOSITORY, Row,
+                         assert_on_gpu, check_rows, gpu_memory_grows, max_difference, model_dir, normalized, on_gpu,
+                         onnx_on_gpu_or_skip)
 
 pytestmark = GPU_TIER
 
@@ -29,6 +32,12 @@ def _runtime_dir(model: str, runtime: str, torch_files: tuple[str, ...], onnx_fi
     return model_dir(model, *torch_files)
 
 
+def placed(name: str, runtime: str, stage, call):
+    """call()'s result, after checking that `stage` is on the GPU (and, with torch, that the GPU computed)."""
+    assert_on_gpu(f"{name} ({runtime})", stage)
+    return gpu_memory_grows(f"{name} ({runtime})", call) if runtime == "torch" else call()
+
+
 @pytest.mark.parametrize("runtime", ["torch", "onnx"])
 def test_text_embeddings_on_cuda_equal_cpu(runtime):
     from mean_pooling.pooling import mean_pool_normalize
@@ -38,11 +47,10 @@ def test_text_embeddings_on_cuda_equal_cpu(runtime):
     folder = _runtime_dir("text_embedding_encoder", runtime, ("config.json", "model.safetensors"), ("model.onnx",))
     tokenizer = TextTokenizer(model_dir("text_embedding_tokenizer", "tokenizer.json") / "tokenizer.json", 256)
     requests = tokenizer.encode_per_request([[t] for t in TEXTS] + [TEXTS])  # each alone, then all in one
-    placement = on_gpu("text_embedding_encoder")
     cpu = make_encoder(folder, runtime, THREADS)
-    gpu = make_encoder(folder, runtime, THREADS, gpu=placement)
-    assert placement.device == 0
-    for (ids, mask), c, g in zip(requests, cpu.encode_per_request(requests), gpu.encode_per_request(requests)):
+    gpu = make_encoder(folder, runtime, THREADS, gpu=on_gpu("text_embedding_encoder"))
+    on_device = placed("text_embedding_encoder", runtime, gpu, lambda: gpu.encode_per_request(requests))
+    for (ids, mask), c, g in zip(requests, cpu.encode_per_request(requests), on_device):
         difference = max_difference(mean_pool_normalize(c, mask), mean_pool_normalize(g, mask))
         assert difference <= EMBEDDING_TOLERANCE, f"{runtime}: embeddings differ by {difference:.2e}"
 
@@ -69,7 +77,8 @@ def test_clip_features_on_cuda_equal_cpu():
         pytest.skip(f"{CLIP_DIR} is not built: run `make model` (tools/gpu_check.sh installs the carry)")
     requests = _clip_requests()
     cpu, gpu = make_towers(CLIP_DIR, "torch", THREADS), make_towers(CLIP_DIR, "torch", THREADS, on_gpu("clip"))
-    for c, g in zip(cpu.encode_per_request(requests), gpu.encode_per_request(requests)):
+    on_device = placed("clip", "torch", gpu, lambda: gpu.encode_per_request(requests))
+    for c, g in zip(cpu.encode_per_request(requests), on_device):
         difference = max_difference(normalized(c), normalized(g))
         assert difference <= EMBEDDING_TOLERANCE, f"CLIP features differ by {difference:.2e}"
 
@@ -91,11 +100,18 @@ def test_ner_spans_on_cuda_equal_cpu(runtime):
                           e["token_count"]) for e in encoded]
     cpu = make_tagger(folder, runtime, THREADS)
     gpu = make_tagger(folder, runtime, THREADS, on_gpu("ner_tagger"))
-    for texts, e, c, g in zip(requests, encoded, cpu.emissions_per_request(rows), gpu.emissions_per_request(rows)):
+    on_device = placed("ner_tagger", runtime, gpu, lambda: gpu.emissions_per_request(rows))
+    found = 0
+    for texts, e, c, g in zip(requests, encoded, cpu.emissions_per_request(rows), on_device):
+        bound = LOGIT_TOLERANCE * max(1.0, float(np.abs(c).max(initial=0.0)))
+        assert max_difference(c, g) <= bound, f"{runtime}: emissions differ by {max_difference(c, g):.2e}"
         spans = [decoder.decode(texts, emissions, e["token_offsets"], e["sentence_tokens"], e["token_count"])
                  for emissions in (c, g)]
         assert spans[1] == spans[0], f"{runtime}: emissions differ by {max_difference(c, g):.2e}: {spans}"
         assert all(isinstance(json.loads(row), list) for row in spans[1])
+        found += sum(len(json.loads(row)) for row in spans[1])
+    # the trained demo tagger finds names in these texts; seeded stand-in weights (gpu_carry) may find none
+    assert found or (folder / "STAND_IN.txt").is_file(), f"{runtime}: no span found: equal, but nothing compared"
 
 
 def _food_pixels():
@@ -106,7 +122,8 @@ def _food_pixels():
                        "blip_preprocessor_config.json")
     preprocess = FoodImagePreprocessor(folder / "classifier_preprocessor_config.json",
                                        folder / "blip_preprocessor_config.json", 50)
-    return preprocess([encode(photo(120 + 16 * seed, 96, seed), "JPEG", quality=90) for seed in range(4)])
+    # 8 images: check_rows allows a near tie in one caption in eight
+    return preprocess([encode(photo(120 + 16 * seed, 96, seed), "JPEG", quality=90) for seed in range(8)])
 
 
 @pytest.mark.parametrize("runtime", ["torch", "onnx"])
@@ -119,8 +136,8 @@ def test_food_labels_on_cuda_equal_cpu(runtime):
     requests = [pixels[:1], pixels[1:]]
     cpu = make_classifier(folder, runtime, THREADS)
     gpu = make_classifier(folder, runtime, THREADS, on_gpu("food_captioning_classifier"))
-    for (cpu_labels, cpu_scores), (gpu_labels, gpu_scores) in zip(cpu.classify_per_request(requests),
-                                                                  gpu.classify_per_request(requests)):
+    on_device = placed("food_captioning_classifier", runtime, gpu, lambda: gpu.classify_per_request(requests))
+    for (cpu_labels, cpu_scores), (gpu_labels, gpu_scores) in zip(cpu.classify_per_request(requests), on_device):
         assert gpu_labels == cpu_labels
         assert max_difference(cpu_scores, gpu_scores) <= EMBEDDING_TOLERANCE
 
@@ -151,13 +168,20 @@ def test_food_captions_on_cuda_equal_cpu(runtime):
                                                                   "model.safetensors"),
                           ("vision.onnx", "decoder.onnx", "blip_generation.json"))
     _, pixels = _food_pixels()
-    labels = ["pizza", "sushi", "salad", "pizza"]
+    labels = ["pizza", "sushi", "salad", "pizza", "soup", "rice", "bread", "dessert"]
     cpu = make_captioner(folder, runtime, THREADS, max_new_tokens=20)
     gpu = make_captioner(folder, runtime, THREADS, on_gpu("food_captioning_captioner"), max_new_tokens=20)
     images = list(pixels)
-    for row, (c, g) in enumerate(zip(cpu.generate_ids(images, labels), gpu.generate_ids(images, labels))):
-        check_tokens(f"{runtime} caption of image {row}", c, g, lambda position: tuple(
-            _blip_logits(stage.generator, pixels[row], c[:position]) for stage in (cpu, gpu)))
+    on_device = placed("food_captioning_captioner", runtime, gpu, lambda: gpu.generate_ids(images, labels))
+
+    def logits_at(row: int, ids: list[int]):
+        return lambda position: tuple(_blip_logits(stage.generator, pixels[row], ids[:position])
+                                      for stage in (cpu, gpu))
+
+    # the decoder's prompt is the tokenized prompt less its trailing [SEP] ([CLS] becomes [DEC]): not generated
+    check_rows([Row(f"{runtime} caption of image {row}", c, g, logits_at(row, c),
+                    first_new=len(cpu.text.encode(cpu.prompt(labels[row]))) - 1)
+                for row, (c, g) in enumerate(zip(cpu.generate_ids(images, labels), on_device))])
 
 
 def _encoder_args(kind: str) -> dict:
@@ -191,6 +215,7 @@ def test_a_bad_request_fails_alone_on_the_gpu_and_the_gpu_goes_on():
     import torch
 
     assert torch.cuda.memory_allocated(0) > 0, "the GPU instance's weights are on the GPU"
+    assert_on_gpu("text_embedding_encoder model.py, KIND_GPU", models["GPU"])
 
     def request(ids):
         ids = np.array([ids], np.int64)

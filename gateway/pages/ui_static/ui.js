@@ -305,3 +305,26 @@ submitter("ner-form", (button) => guarded("ner-error", button, async () => {
 }));
 submitter("complete-form", complete);
 submitter("compare-form", compare);
+
+// ---- the demo pipelines `make triton` still builds behind the server (GET /health's `builds`, issue 57)
+function buildLine(name, build) {
+  if (build.state === "failed") return `${name}: failed (${build.error || "see the build log"})`;
+  let line = `${name}: ${build.phase || "waiting"}`;
+  if (build.progress) line += ` ${build.progress.percent}%`;
+  if (build.eta_s !== undefined) line += `, about ${build.eta_s} s left`;
+  return line;
+}
+
+async function showBuilds() {
+  let builds = {};
+  try {
+    const response = await fetch(new URL("health", API_ROOT));
+    builds = (await response.json()).builds || {};
+  } catch (_) { /* the gateway restarting: try again later */ }
+  const pending = Object.entries(builds).filter(([, b]) => b.state !== "ready");
+  const line = $("builds");
+  line.hidden = pending.length === 0;
+  line.textContent = pending.length ? "Not ready yet: " + pending.map(([n, b]) => buildLine(n, b)).join("; ") : "";
+  if (pending.some(([, b]) => b.state === "building")) setTimeout(showBuilds, 5000);
+}
+showBuilds();

@@ -1,7 +1,8 @@
 """The raw bytes behind every token id of a byte-level BPE tokenizer (tokenizer.json).
 
 The generator needs bytes, not text: a multi-byte character split across tokens has no text of
-its own until its last byte arrives (see text_stream)."""
+its own until its last byte arrives (gptj_generator/text_stream.py); the fronts spell a token's logprob
+entry from the same bytes (completion_text.py), so the table is defined here, where both can import it."""
 from __future__ import annotations
 
 from pathlib import Path

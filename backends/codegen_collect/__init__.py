@@ -1,0 +1,1 @@
+"""The codegen_collect stage: unary BLS front of the decoupled generator."""

@@ -1,0 +1,1 @@
+"""The codegen_postprocess stage: detokenize, cut at stop words."""

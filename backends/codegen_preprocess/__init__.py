@@ -1,0 +1,1 @@
+"""The codegen_preprocess stage: BPE tokenizer and request checks (no torch)."""

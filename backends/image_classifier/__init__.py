@@ -1,0 +1,1 @@
+"""The image_classifier stage: transformers image classifier -> label, softmax score."""

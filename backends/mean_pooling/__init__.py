@@ -1,0 +1,1 @@
+"""The mean_pooling stage: sentence-transformers pooling modes + L2 normalization (numpy)."""

@@ -1,0 +1,1 @@
+"""The ner_decoder stage: CRF Viterbi, BIOES spans, entity JSON (numpy)."""

@@ -1,0 +1,1 @@
+"""The text_tokenizer stage: tokenizer.json tokenizer (no torch)."""

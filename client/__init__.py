@@ -1,0 +1,1 @@
+"""What a user runs: gRPC and HTTP clients for every pipeline (`python -m client.<name>` or `python client/<name>.py`)."""
