@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 
@@ -45,8 +46,17 @@ def complete(http: httpx.Client) -> int:
                                               "max_tokens": 4}).status_code
 
 
+class Outcome(NamedTuple):
+    """One call: wall-clock seconds (to compare with the kills' times), its HTTP status and, for a failure, why."""
+    start: float
+    end: float
+    status: int | None  # None: no answer (refused, timeout)
+    detail: str = ""
+
+
 class Clients:
-    """`n` threads calling `call` in a loop: (start, end, status or None) of each call."""
+    """`n` threads sending `call(http)` in a loop until stopped, each over its own HTTP client; `call` returns the
+    status, or (status, detail). `calls`: an Outcome each (tests/test_domains_server.py uses these clients too)."""
 
     def __init__(self, url: str, call, n: int):
         self.url, self.call, self.calls, self._stop = url, call, [], threading.Event()
@@ -62,46 +72,21 @@ class Clients:
         for thread in self._threads:
             thread.join(120)
 
+    def failed(self) -> list[Outcome]:
+        return [c for c in self.calls if c.status != 200]
+
     def _run(self) -> None:
         with httpx.Client(base_url=self.url, timeout=120) as http:
             while not self._stop.is_set():
                 start = time.time()
                 try:
-                    status = self.call(http)
-                except httpx.HTTPError:
-                    status = None
-                self.calls.append((start, time.time(), status))
+                    answer = self.call(http)
+                    status, detail = answer if isinstance(answer, tuple) else (answer, "")
+                except httpx.HTTPError as exc:
+                    status, detail = None, f"{type(exc).__name__}: {exc}"
+                self.calls.append(Outcome(start, time.time(), status, detail))
                 if status != 200:
-                    time.sleep(0.2)
-
-
-def servers(launcher_pid: int) -> dict[int, int]:
-    """gRPC port -> the tritonserver listening on it, under the launcher."""
-    found = {}
-    for pid in process_tree(launcher_pid):
-        argv = command_line(pid) or ("",)
-        if argv[0].endswith("/tritonserver"):
-            found[int(next(a for a in argv if a.startswith("--grpc-port=")).split("=")[1])] = pid
-    return found
-
-
-def wait_for(predicate, timeout: float, every: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(every)
-    return value
-
-
-def serving(http: httpx.Client, limit_s: float) -> bool:
-    """Until a completion is answered (a server restarting after an abort serves again first)."""
-    def ok():
-        try:
-            return complete(http) == 200
-        except httpx.HTTPError:
-            return False
-    return bool(wait_for(ok, limit_s, every=0.2))
+                    time.sleep(0.2)  # a server restarting: the box's cores are not spun on
 
 
 def back_after(calls: list, killed_at: float) -> float | None:

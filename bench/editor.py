@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import load, stats
+from bench.bench_codegen_engines import PROMPTS as PLAIN_PROMPTS  # the engine bench's short prompts
 
 ROOT = Path(__file__).resolve().parent.parent
 NEW_TOKENS = 32
@@ -54,14 +55,6 @@ FILES = ("json/decoder.py", "email/feedparser.py", "asyncio/locks.py", "concurre
 VARIANTS = {"cache-on": {}, "cache-off": {"prefix_caching": False}, "lookup": {"prompt_lookup_tokens": 4},
             "bf16": {"precision": "bf16"},  # bf16: cache on, bf16 inference and KV cache (AVX512_BF16 or AMX CPUs)
             "f32": {"precision": "f32"}}  # the exact mode (the shipped auto is bf16 where the CPU has it)
-PLAIN_PROMPTS = ["def fibonacci(n):\n", "import os\nimport sys\n\n\ndef main(argv):\n",
-                 "class LRUCache:\n    def __init__(self, capacity):\n", "# parse a CSV file\nwith open(path) as f:\n",
-                 "def quicksort(items):\n    \"\"\"Sort a list.\"\"\"\n", "for key, value in sorted(table.items()):\n",
-                 "try:\n    import json\nexcept ImportError:\n", "def read_config(path, defaults=None):\n",
-                 "while queue:\n    node = queue.pop(0)\n", "if __name__ == '__main__':\n    parser = ",
-                 "async def fetch(session, url):\n", "class Point(NamedTuple):\n    x: float\n",
-                 "def test_addition():\n    assert add(", "lines = [line.rstrip() for line in",
-                 "@property\ndef name(self):\n", "with tempfile.TemporaryDirectory() as tmp:\n"]
 
 
 # ---- the model -------------------------------------------------------------------------------------------------

@@ -6,17 +6,13 @@ newline is not healed); echo spells the ids out with their own tokens and offset
 a 400 naming its prompt and position."""
 from __future__ import annotations
 
-from functools import lru_cache
-
 import pytest
 import torch
-from transformers import AutoTokenizer, GPTJForCausalLM
 
-from model_configs import MODEL_REPOSITORY
+from test_completions_logprobs_server import local, log_softmax  # transformers on the served weights, once
 
 pytestmark = pytest.mark.integration
 
-GENERATOR_DIR = MODEL_REPOSITORY / "codegen_generator" / "1"
 TOLERANCE = 1e-4
 TIMEOUT = 300
 
@@ -25,19 +21,6 @@ TIMEOUT = 300
 def api(gateway):
     gateway.triton.load("codegen_generator", "codegen_preprocess", "codegen_stream")
     return gateway
-
-
-@lru_cache(maxsize=1)
-def local():
-    torch.set_num_threads(1)
-    return (GPTJForCausalLM.from_pretrained(str(GENERATOR_DIR), dtype=torch.float32).eval(),
-            AutoTokenizer.from_pretrained(str(GENERATOR_DIR)))
-
-
-def log_softmax(ids: list[int]) -> torch.Tensor:
-    model, _ = local()
-    with torch.inference_mode():
-        return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
 
 
 def post(api, **body):

@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -23,6 +22,7 @@ import httpx
 import psutil
 import pytest
 
+from bench.domains import Clients
 from launcher.paths import ROOT
 from launcher.processes import free_port
 from supervisor.faults import kill_stub
@@ -86,47 +86,6 @@ def stack(tmp_path_factory):
         assert code == 0, log.read_text()[-3000:]
         assert not running(tree), "processes outlived the launcher"
         assert not [r for r in regions if os.path.exists(r)], "shared-memory regions outlived the launcher"
-
-
-@dataclass
-class Outcome:
-    start: float
-    end: float
-    status: int | None  # None: no answer (refused, timeout)
-    detail: str = ""
-
-
-class Clients:
-    """`n` threads sending `call(http) -> (status, detail)` in a loop until stopped."""
-
-    def __init__(self, url: str, call, n: int):
-        self.url, self.call, self.outcomes, self._stop = url, call, [], threading.Event()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(n)]
-
-    def start(self) -> "Clients":
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(120)
-
-    def _run(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=120) as http:
-            while not self._stop.is_set():
-                start = time.time()
-                try:
-                    status, detail = self.call(http)
-                except httpx.HTTPError as exc:
-                    status, detail = None, f"{type(exc).__name__}: {exc}"
-                self.outcomes.append(Outcome(start, time.time(), status, detail))
-                if status != 200:
-                    time.sleep(0.2)
-
-    def failed(self) -> list[Outcome]:
-        return [o for o in self.outcomes if o.status != 200]
 
 
 def embed(http: httpx.Client) -> tuple[int, str]:
@@ -204,7 +163,7 @@ def test_codegen_faults_never_reach_the_embeddings(stack):
     health = Clients(str(stack.http.base_url), health_sample, 1).start()
     figures = []
     try:
-        wait_for(lambda: len(clients.outcomes) >= 8, 60, "no embeddings answered before the kills")
+        wait_for(lambda: len(clients.calls) >= 8, 60, "no embeddings answered before the kills")
         killed_at = time.time()
         kill_stub(stack.server_pid("CODEGEN_GRPC_PORT"), "codegen_generator")
         figures.append(("generator stub SIGKILL", served_again(stack, complete, killed_at, 120)))
@@ -221,14 +180,14 @@ def test_codegen_faults_never_reach_the_embeddings(stack):
     assert "tritonserver (codegen) is down (aborted (SIGABRT))" in output, output[-3000:]
     # /health while the codegen server was down: 200, the server named under `degraded` (a load balancer keeps
     # sending the embeddings), `servers` saying which is down
-    samples = [(o.status, json.loads(o.detail)) for o in health.outcomes if o.detail.startswith("{")]
+    samples = [(o.status, json.loads(o.detail)) for o in health.calls if o.detail.startswith("{")]
     down = [(status, body) for status, body in samples if body.get("servers", {}).get("codegen") == "not live"]
     assert down, "no /health sample saw the codegen server down"
     assert all(status == 200 and body["servers"]["encoders"] == "live" and "triton_codegen" in body["degraded"]
                for status, body in down), down[:3]
     assert stack.server_pid("GRPC_PORT") == encoders_pid, "the encoders' server was restarted too"
     assert yields_the_cpu(stack.server_pid("CODEGEN_GRPC_PORT"))[0] == 5, "the restarted codegen server yields too"
-    during = [o for o in clients.outcomes if o.start >= killed_at]
+    during = [o for o in clients.calls if o.start >= killed_at]
     print(f"\n{len(during)} embeddings requests during the codegen faults, "
           f"{len(clients.failed())} failed, slowest {max(o.end - o.start for o in during):.2f}s; codegen served again: "
           + ", ".join(f"{what} {s:.1f}s" for what, s in figures))
@@ -240,7 +199,7 @@ def test_an_encoders_crash_lets_completions_stream_on(stack):
     streams = Clients(str(stack.http.base_url), stream, 3).start()
     unary = Clients(str(stack.http.base_url), complete, 2).start()
     try:
-        wait_for(lambda: len([o for o in streams.outcomes if o.status == 200]) >= 3, 120, "no stream before the kill")
+        wait_for(lambda: len([o for o in streams.calls if o.status == 200]) >= 3, 120, "no stream before the kill")
         killed_at = time.time()
         encoders_pid = stack.server_pid("GRPC_PORT")
         os.kill(encoders_pid, signal.SIGKILL)
@@ -251,8 +210,8 @@ def test_an_encoders_crash_lets_completions_stream_on(stack):
         streams.stop()
         unary.stop()
     assert "tritonserver is down (killed by SIGKILL)" in stack.output()
-    across = [o for o in streams.outcomes if o.start < killed_at < o.end]
-    during = [o for o in streams.outcomes + unary.outcomes if killed_at < o.start < killed_at + back_s]
+    across = [o for o in streams.calls if o.start < killed_at < o.end]
+    during = [o for o in streams.calls + unary.calls if killed_at < o.start < killed_at + back_s]
     print(f"\nencoders' server SIGKILL: embeddings served again after {back_s:.1f}s; {len(across)} streams across "
           f"the kill, {len(during)} completions started while it was down; failed: "
           f"{len(streams.failed()) + len(unary.failed())}")
