@@ -3,7 +3,7 @@
 - `transformers.generate` in a plain script (a child python, torch with the same threads as the served engine, fp32
   weights, greedy): c1 = its prompts one after another, c16 = one batch of 16 (left-padded). The served side is the
   generator as shipped (every parameter of model_repository/codegen_generator/config.pbtxt: precision auto, threads
-  as shipped, 1; --param openvino_threads=0 for the cores Triton may use) in a tritonserver of its own, over the same fp32 weights, called directly over
+  0: the cores Triton may use; --param openvino_threads=1 for one) in a tritonserver of its own, over the same fp32 weights, called directly over
   gRPC streaming (no preprocess or BLS front: the engine served, not the pipeline), with c clients back to back
   (bench_codegen_engines' closed loop and figures). Goals: served / transformers tokens/s >= 1.0 at c1, >= 2 at c16.
 - The DRAM bound: a matrix-vector product over a 512 MiB f32 matrix (torch.mv, the same threads), timed --mv-repeats

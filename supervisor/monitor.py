@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from supervisor.health_threads import HealthThreads
 from supervisor.orphans import Orphans, read_in_flight, read_stuck_calls
 from supervisor.state import write_state
 from supervisor.processes import start_time
@@ -85,6 +86,7 @@ class Supervisor:
         self._canary_misses: dict[str, int] = {}  # model -> consecutive canary failures
         self._canary_heal_failed: dict[str, str] = {}  # model -> reason: its canary's heal failed, retried
         self.tracker = StubTracker()
+        self.health_threads = HealthThreads()  # each stub's health thread real-time (health_threads.py says why)
         self.started = start_time  # pid -> start time: with the pid, a stub's identity (tests inject theirs)
         # the old version's stubs a heal left alive, killed once idle: a BLS front's once it has no request in
         # flight (its own count, from /metrics), another's once it uses no CPU
@@ -151,6 +153,7 @@ class Supervisor:
             return
         ready = self.ready_models()
         stubs = scan_stub_pids(pid)
+        self.health_threads.update(stubs)
         for model, stub, why in self.orphans.retire(set(stubs)):
             self._event("retired old stub", model, f"pid {stub}, {why}")
         # an orphan shares its instance's name with the new stub: the tracker follows the newest by start time

@@ -115,6 +115,8 @@ def test_one_deployment_per_failure_domain():
     assert compose["triton"]["environment"]["TRITON_DOMAINS"] == "encoders"
     assert compose["triton-codegen"]["environment"]["TRITON_DOMAINS"] == "codegen"
     assert compose["triton"]["environment"]["CODEGEN_GRPC_URL"] == "triton-codegen:8011"
+    # uid 1000 may give the stubs' health threads SCHED_FIFO 1 (supervisor/health_threads.py) in both
+    assert all(compose[name]["ulimits"]["rtprio"] >= 1 for name in ("triton", "triton-codegen"))
     scrape = yaml.safe_load((dc.DEPLOY / "prometheus" / "prometheus.yml").read_text())["scrape_configs"]
     targets = {t for job in scrape if job["job_name"] == "triton" for c in job["static_configs"] for t in c["targets"]}
     assert targets == {"triton:8002", "triton-codegen:8012"}

@@ -5,6 +5,7 @@ model) in between.
 Own tritonserver + supervisor (not the session server: these tests kill its stubs)."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -16,6 +17,7 @@ from launcher.processes import free_port
 from launcher.server_keeper import SupervisedServer
 from launcher.triton_server import TritonServer
 from supervisor.faults import kill_stub
+from supervisor.health_threads import health_thread
 from supervisor.monitor import Supervisor
 from gateway.supervisor_state import unhealthy_models  # what /health reads
 from supervisor.stubs import of_model, scan_stub_pids
@@ -44,6 +46,26 @@ def supervised(tmp_path_factory):
 
 def stubs_of(server, model: str) -> set[int]:
     return set(of_model(scan_stub_pids(server.process.pid), model))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="SCHED_FIFO needs CAP_SYS_NICE (tests/test_health_threads.py: the refusal)")
+def test_every_stubs_health_thread_runs_real_time(supervised):
+    """The real stubs' layout (supervisor/health_threads.py): the supervisor finds each one's health thread and
+    makes it SCHED_FIFO, and leaves the stub's other threads as they were."""
+    server, _, _ = supervised
+    stubs = scan_stub_pids(server.process.pid)
+    assert stubs
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        found = {pid: health_thread(pid) for pid in stubs}
+        if all(tid is not None and os.sched_getscheduler(tid) == os.SCHED_FIFO for tid in found.values()):
+            break
+        time.sleep(0.25)
+    assert all(tid is not None for tid in found.values()), found
+    assert {pid: os.sched_getscheduler(tid) for pid, tid in found.items()} == {pid: os.SCHED_FIFO for pid in found}
+    for pid, tid in found.items():
+        others = {int(t) for t in os.listdir(f"/proc/{pid}/task")} - {tid}
+        assert {os.sched_getscheduler(t) for t in others} <= {os.SCHED_OTHER}, (pid, others)
 
 
 @pytest.mark.parametrize("stub, pipeline, heal_limit_s", [

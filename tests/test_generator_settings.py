@@ -64,10 +64,10 @@ def test_threads_0_follow_the_cores_this_process_may_use():
         resolve_threads(-1)
 
 
-def test_the_shipped_config_says_auto_and_threads_1():
-    """threads 1, not 0: a soak with 0 saw the generator's stub segfault (config.pbtxt's comment)."""
+def test_the_shipped_config_says_auto_and_threads_0():
+    """Both follow the CPU: the precision it computes natively, and every core the instance may use."""
     parameters = {key: value.string_value for key, value in parse_config("codegen_generator").parameters.items()}
-    assert parameters["precision"] == "auto" and parameters["openvino_threads"] == "1"
+    assert parameters["precision"] == "auto" and parameters["openvino_threads"] == "0"
 
 
 def test_the_served_generator_runs_this_cpus_precision_and_cores_and_says_so(tmp_path, monkeypatch, caplog):
@@ -75,7 +75,7 @@ def test_the_served_generator_runs_this_cpus_precision_and_cores_and_says_so(tmp
     bf16, f32 on another; every core it may use), its start-up log line says so, and so does the file /health reads."""
     state_file = tmp_path / "run" / "supervisor-codegen.json"
     monkeypatch.setenv("SUPERVISOR_STATE_FILE", str(state_file))
-    want = {"precision": "bf16" if "BF16" in cpu_capabilities() else "f32", "threads": 1}
+    want = {"precision": "bf16" if "BF16" in cpu_capabilities() else "f32", "threads": len(os.sched_getaffinity(0))}
     with caplog.at_level(logging.INFO, logger="stage"):
         model = load_python_model("codegen_generator")
     try:
