@@ -15,8 +15,8 @@ A thread that runs for microseconds every 300 ms needs no share of the CPU, only
 CFS group scheduling it may not be: a session's share on a CPU follows its load there, and a thread that only
 wakes on a CPU where its session has no other work gets almost none of it. SCHED_FIFO at the lowest real-time
 priority takes it out of that sharing. Nothing else of the stub changes. Setting it needs CAP_SYS_NICE (root
-has it; Docker and Kubernetes drop it unless asked: deploy/ adds it) or an RLIMIT_RTPRIO of at least 1; where
-neither holds, the supervisor says so once and goes on.
+has it) or an RLIMIT_RTPRIO of at least 1 (deploy/compose.yaml gives its servers, which run as uid 1000, rtprio 1;
+Kubernetes has no per-pod rlimit); where neither holds, the supervisor says so once and goes on.
 
 The health thread is found by what it is: the stub's first thread after the main one (created in the stub's
 `main()` before any model code runs), asleep in `nanosleep` between its updates (the stub's other threads wait
